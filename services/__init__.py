@@ -1,0 +1,1 @@
+"""Meridian's services: edge, router, worker, and the code they share (common)."""
