@@ -1,0 +1,1 @@
+"""The edge gateway: OpenAI-compatible HTTP API, auth, limits, routing and streaming."""

@@ -1,0 +1,1 @@
+"""The local multi-region stack behind `make run`: starts and supervises every process."""

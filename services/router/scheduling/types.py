@@ -1,0 +1,136 @@
+"""The data the scheduling framework works on: one request (``RouteQuery``), the router's view of
+each worker at decision time (``WorkerSnapshot``), and the outcome (``Decision``).
+
+These are plain frozen dataclasses so that plugins are pure functions of their inputs and tests
+are tables of inline worker states. The router's live registry builds snapshots from load
+reports and probes; the scheduler never touches sockets.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass, field
+
+
+class Priority(enum.IntEnum):
+    """Service tier. Mirrors ``meridian.v1.Priority`` (UNSPECIFIED is read as STANDARD)."""
+
+    LOW = 1
+    STANDARD = 2
+    HIGH = 3
+
+
+class ModelState(enum.StrEnum):
+    LOADING = "loading"
+    READY = "ready"
+    DRAINING = "draining"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True, slots=True)
+class ModelStatus:
+    name: str
+    state: ModelState
+    max_model_len: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class RouteQuery:
+    """One routing question. The prompt itself never reaches the router; only its size and
+    hashes of its leading blocks do."""
+
+    request_id: str
+    model: str
+    tenant_id: str = ""
+    priority: Priority = Priority.STANDARD
+    allowed_regions: frozenset[str] = frozenset()  # empty: any region
+    edge_site: str = ""
+    client_region: str = ""
+    prompt_tokens: int = 0
+    max_tokens: int = 0
+    session_id: str = ""
+    prefix_hashes: tuple[int, ...] = ()
+    exclude_worker_ids: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerSnapshot:
+    """What this router knows about one worker at one instant.
+
+    ``rtt_ms``/``loss`` are measured by this router (its site's view of the network);
+    ``in_flight`` counts requests this router assigned that the worker has not yet reported, so
+    a burst between two load reports does not herd onto the same worker.
+    """
+
+    worker_id: str
+    region: str
+    address: str
+    healthy: bool = True
+    health_detail: str = "ok"
+    models: tuple[ModelStatus, ...] = ()
+    draining: bool = False
+    rtt_ms: float | None = None  # None: not measured yet
+    loss: float = 0.0  # 0..1
+    report_age_s: float = 0.0
+    running: int = 0
+    waiting: int = 0
+    max_running: int = 1
+    kv_cache_usage: float = 0.0  # 0..1
+    tokens_per_second: float = 0.0
+    prefix_cache_hit_rate: float = 0.0
+    gpu_utilization: float | None = None  # 0..1, None on hosts without NVML
+    in_flight: int = 0
+    recent_failures: int = 0
+
+    def model(self, name: str) -> ModelStatus | None:
+        for m in self.models:
+            if m.name == name:
+                return m
+        return None
+
+
+@dataclass(frozen=True, slots=True)
+class Contribution:
+    """One scorer's part in one candidate's total."""
+
+    signal: str
+    score: float  # the scorer's clamped score, 0..1
+    weight: float
+    weighted: float  # score × weight / Σ weights
+    detail: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class ScoredWorker:
+    worker: WorkerSnapshot
+    score: float  # Σ weighted, 0..1
+    contributions: tuple[Contribution, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Rejection:
+    """A worker a filter removed, and why (for explanations)."""
+
+    worker_id: str
+    region: str
+    filter: str
+    reason: str
+
+
+class NoCandidate(enum.StrEnum):
+    """Why a decision came back empty; the router maps each to its gRPC status."""
+
+    UNKNOWN_MODEL = "unknown_model"  # NOT_FOUND
+    REGION_NOT_ALLOWED = "region_not_allowed"  # FAILED_PRECONDITION (residency)
+    SATURATED = "saturated"  # RESOURCE_EXHAUSTED (admission/shedding)
+    UNAVAILABLE = "unavailable"  # UNAVAILABLE (nothing healthy and ready)
+
+
+@dataclass(frozen=True, slots=True)
+class Decision:
+    ranked: tuple[ScoredWorker, ...]
+    rejected: tuple[Rejection, ...] = ()
+    explanation: str = ""
+    empty_reason: NoCandidate | None = None
+    retry_after_s: float | None = None
+    plugin_timings_us: dict[str, float] = field(default_factory=dict)

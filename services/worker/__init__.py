@@ -1,0 +1,1 @@
+"""The regional inference worker: one engine (vLLM or the simulator) behind gRPC."""
