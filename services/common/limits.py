@@ -1,0 +1,23 @@
+"""Bounds on what a request may ask for, shared by the edge (OpenAI JSON) and the worker (gRPC),
+so both sides reject the same things with the same words.
+
+These are protocol-level limits (what OpenAI accepts), not per-tenant policy; the engine adds
+its own model-specific limits (context length) on top.
+"""
+
+from __future__ import annotations
+
+from typing import Final
+
+TEMPERATURE_RANGE: Final = (0.0, 2.0)
+TOP_P_RANGE: Final = (0.0, 1.0)  # exclusive of 0
+PENALTY_RANGE: Final = (-2.0, 2.0)
+MAX_TOP_LOGPROBS: Final = 20
+MAX_STOP_SEQUENCES: Final = 4
+MAX_STOP_LENGTH: Final = 256
+MAX_TOKENS_CEILING: Final = 1_000_000
+MAX_MESSAGES: Final = 2048
+MAX_CONTENT_CHARS: Final = 1_000_000
+MAX_REQUEST_ID_CHARS: Final = 128
+MAX_MODEL_NAME_CHARS: Final = 256
+CHAT_ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool"})

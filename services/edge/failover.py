@@ -1,0 +1,244 @@
+"""Open a token stream on the best worker that will actually produce a first token.
+
+The router's ranked candidates are tried in order. A worker that fails *before its first
+token* (connection refused, draining, overloaded, crashed, too slow to start) costs the client
+nothing: the next candidate is tried, and when the list runs out the router is asked once more
+with the tried workers excluded. Errors that no other worker would fix (a bad request) end the
+attempt at once. After the first token the stream belongs to that worker; a failure then is
+reported to the client as a stream error.
+
+Every attempt's outcome is reported to the router (fire and forget), which feeds its failure
+ejection and in-flight accounting.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+
+from meridian.v1 import router_pb2, worker_pb2
+from services.common.errors import (
+    MeridianError,
+    Unavailable,
+    UpstreamFailed,
+    UpstreamTimeout,
+    from_grpc,
+    is_retryable_elsewhere,
+)
+from services.common.logs import event
+from services.edge.upstream import RouterClient, RouteResult, WorkerPool
+
+log = logging.getLogger("meridian.edge.failover")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class FailoverPolicy:
+    max_attempts: int = 3
+    first_token_timeout_s: float = 60.0
+    stream_idle_timeout_s: float = 120.0
+    reroute: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_attempts < 1:
+            raise ValueError("max_attempts must be >= 1")
+        if not self.first_token_timeout_s > 0 or not self.stream_idle_timeout_s > 0:
+            raise ValueError("timeouts must be > 0")
+
+
+class UpstreamStream:
+    """A live Generate call whose first chunk has already arrived."""
+
+    def __init__(
+        self,
+        *,
+        call: grpc.aio.UnaryStreamCall,
+        first: worker_pb2.GenerateChunk,
+        candidate: router_pb2.Candidate,
+        decision_id: str,
+        attempts: int,
+        router: RouterClient,
+        idle_timeout_s: float,
+        started: float,
+    ) -> None:
+        self._call = call
+        self.first = first
+        self.candidate = candidate
+        self.decision_id = decision_id
+        self.attempts = attempts
+        self._router = router
+        self._idle_timeout_s = idle_timeout_s
+        self.ttft_ms = (time.monotonic() - started) * 1000
+        self._reported = False
+        self.completion_tokens = 0
+
+    async def chunks(self) -> AsyncIterator[worker_pb2.GenerateChunk]:
+        """The first chunk, then the rest; raises MeridianError if the worker fails midway."""
+        chunk = self.first
+        while True:
+            self.completion_tokens = chunk.usage.completion_tokens
+            yield chunk
+            if chunk.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:
+                self._report(router_pb2.OUTCOME_SUCCESS)
+                return
+            try:
+                nxt = await asyncio.wait_for(self._call.read(), self._idle_timeout_s)
+            except TimeoutError:
+                self._report(router_pb2.OUTCOME_FAILED)
+                raise UpstreamTimeout("the worker stopped sending tokens") from None
+            except grpc.aio.AioRpcError as err:
+                self._report(router_pb2.OUTCOME_FAILED)
+                raise _stream_error(err) from None
+            if nxt is grpc.aio.EOF:
+                self._report(router_pb2.OUTCOME_FAILED)
+                raise UpstreamFailed("the worker ended the stream without a finish reason")
+            chunk = nxt
+
+    def cancel(self) -> None:
+        """Cancel the worker call (client went away); the worker aborts the generation."""
+        if not self._call.done():
+            self._call.cancel()
+        self._report(router_pb2.OUTCOME_CANCELLED)
+
+    def _report(self, outcome: int) -> None:
+        if self._reported:
+            return
+        self._reported = True
+        self._router.report_outcome(
+            router_pb2.OutcomeReport(
+                decision_id=self.decision_id,
+                worker_id=self.candidate.worker_id,
+                outcome=outcome,
+                ttft_ms=self.ttft_ms,
+                completion_tokens=self.completion_tokens,
+            )
+        )
+
+
+def _stream_error(err: grpc.aio.AioRpcError) -> MeridianError:
+    if err.code() == grpc.StatusCode.UNAVAILABLE and not err.trailing_metadata():
+        return UpstreamFailed("lost the connection to the worker mid-stream")
+    return from_grpc(err.code(), err.details(), err.trailing_metadata())
+
+
+async def open_stream(
+    *,
+    router: RouterClient,
+    workers: WorkerPool,
+    route_request: router_pb2.RouteRequest,
+    first_route: RouteResult,
+    generate: worker_pb2.GenerateRequest,
+    policy: FailoverPolicy,
+) -> UpstreamStream:
+    """Try candidates until one produces a first token; see the module docstring."""
+    started = time.monotonic()
+    base_id = generate.request_id
+    tried: list[str] = []
+    last_error: MeridianError | None = None
+    route = first_route
+    while True:
+        for cand in route.candidates:
+            if len(tried) >= policy.max_attempts:
+                break
+            if cand.worker_id in tried:
+                continue
+            tried.append(cand.worker_id)
+            generate.request_id = base_id if len(tried) == 1 else f"{base_id}.{len(tried)}"
+            try:
+                return await _attempt(
+                    router=router,
+                    workers=workers,
+                    cand=cand,
+                    decision_id=route.decision_id,
+                    generate=generate,
+                    policy=policy,
+                    attempts=len(tried),
+                    started=started,
+                )
+            except MeridianError as err:
+                if not is_retryable_elsewhere(err):
+                    raise
+                last_error = err
+                event(
+                    log,
+                    "attempt.failed",
+                    level=logging.WARNING,
+                    request_id=base_id,
+                    worker_id=cand.worker_id,
+                    region=cand.region,
+                    error=err.message,
+                )
+        if not policy.reroute or len(tried) >= policy.max_attempts:
+            break
+        route_request.exclude_worker_ids[:] = tried
+        try:
+            route = await router.route(route_request)
+        except MeridianError as err:
+            last_error = last_error or err
+            break
+        if not route.candidates:
+            break
+    raise Unavailable(
+        "no worker could start this request"
+        + (f"; last error: {last_error.message}" if last_error else ""),
+        retry_after_s=1.0,
+    )
+
+
+async def _attempt(
+    *,
+    router: RouterClient,
+    workers: WorkerPool,
+    cand: router_pb2.Candidate,
+    decision_id: str,
+    generate: worker_pb2.GenerateRequest,
+    policy: FailoverPolicy,
+    attempts: int,
+    started: float,
+) -> UpstreamStream:
+    call = workers.generate(cand.address, generate, timeout_s=None)
+    # What to tell the router if this attempt does not become a stream.
+    outcome: int | None = router_pb2.OUTCOME_CANCELLED
+    try:
+        first = await asyncio.wait_for(call.read(), policy.first_token_timeout_s)
+        if first is grpc.aio.EOF:
+            outcome = router_pb2.OUTCOME_FAILED
+            raise UpstreamFailed("the worker ended the stream before the first token")
+        outcome = None  # the stream reports its own outcome
+        return UpstreamStream(
+            call=call,
+            first=first,
+            candidate=cand,
+            decision_id=decision_id,
+            attempts=attempts,
+            router=router,
+            idle_timeout_s=policy.stream_idle_timeout_s,
+            started=started,
+        )
+    except TimeoutError:
+        outcome = router_pb2.OUTCOME_FAILED
+        raise UpstreamTimeout("the worker did not produce a first token in time") from None
+    except grpc.aio.AioRpcError as err:
+        mapped = _stream_error(err)
+        if not is_retryable_elsewhere(mapped):
+            outcome = router_pb2.OUTCOME_CANCELLED  # the request's fault, not the worker's
+        elif err.trailing_metadata() and err.code() in _REFUSALS:
+            outcome = router_pb2.OUTCOME_REJECTED  # the worker said no (busy, draining)
+        else:
+            outcome = router_pb2.OUTCOME_FAILED
+        raise mapped from None
+    finally:
+        if outcome is not None:
+            call.cancel()
+            router.report_outcome(
+                router_pb2.OutcomeReport(
+                    decision_id=decision_id, worker_id=cand.worker_id, outcome=outcome
+                )
+            )
+
+
+_REFUSALS = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)

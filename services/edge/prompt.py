@@ -1,0 +1,39 @@
+"""What the edge derives from a prompt without keeping it: a token estimate (for routing and
+token limits) and chained hashes of its leading blocks (for prefix-cache affinity). The prompt
+text itself goes only to the worker.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+from services.edge.openai_types import ChatCompletionRequest
+
+CHARS_PER_TOKEN = 4
+BLOCK_CHARS = 256
+MAX_BLOCKS = 64
+
+
+def _rendered(body: ChatCompletionRequest) -> str:
+    return "".join(f"<|{m.role}|>{m.text()}\n" for m in body.messages)
+
+
+def estimate_prompt_tokens(body: ChatCompletionRequest) -> int:
+    """A cheap upper-side estimate (≈4 characters per token, plus per-message overhead)."""
+    chars = sum(len(m.text()) for m in body.messages)
+    return chars // CHARS_PER_TOKEN + 4 * len(body.messages) + 1
+
+
+def prefix_hashes(body: ChatCompletionRequest) -> list[int]:
+    """Chained 64-bit hashes of the prompt's full ``BLOCK_CHARS`` blocks (at most MAX_BLOCKS).
+
+    Hash *i* covers blocks 0..i, so two prompts share hash *i* exactly when they share their
+    first *i+1* blocks — the router matches the longest shared prefix without seeing text.
+    """
+    text = _rendered(body).encode()
+    out: list[int] = []
+    h = hashlib.blake2b(digest_size=8)
+    for i in range(min(len(text) // BLOCK_CHARS, MAX_BLOCKS)):
+        h.update(text[i * BLOCK_CHARS : (i + 1) * BLOCK_CHARS])
+        out.append(int.from_bytes(h.copy().digest(), "big"))
+    return out

@@ -1,0 +1,110 @@
+"""The edge's clients for its two upstreams: the router (decisions) and the workers (tokens).
+
+``RouterClient`` asks for a ranked list of candidates and reports outcomes back without
+waiting for them. ``WorkerPool`` keeps one gRPC channel per worker address, so every request
+after the first to a worker reuses a warm HTTP/2 connection.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass
+
+import grpc
+
+from meridian.v1 import router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
+from services.common.errors import MeridianError, Unavailable, from_grpc
+from services.common.grpcutil import insecure_channel
+from services.common.logs import event
+
+log = logging.getLogger("meridian.edge.upstream")
+
+
+@dataclass(frozen=True, slots=True)
+class RouteResult:
+    decision_id: str
+    candidates: tuple[router_pb2.Candidate, ...]
+    explanation: str
+
+
+class RouterClient:
+    def __init__(self, address: str, *, timeout_s: float = 2.0) -> None:
+        self._channel = insecure_channel(address)
+        self._stub = router_pb2_grpc.RouterStub(self._channel)
+        self._timeout_s = timeout_s
+        self._background: set[asyncio.Task[None]] = set()
+
+    async def route(self, request: router_pb2.RouteRequest) -> RouteResult:
+        try:
+            resp = await self._stub.Route(request, timeout=self._timeout_s)
+        except grpc.aio.AioRpcError as err:
+            raise _router_error(err) from None
+        return RouteResult(
+            decision_id=resp.decision_id,
+            candidates=tuple(resp.candidates),
+            explanation=resp.explanation,
+        )
+
+    async def list_models(self) -> router_pb2.ListModelsResponse:
+        try:
+            return await self._stub.ListModels(
+                router_pb2.ListModelsRequest(), timeout=self._timeout_s
+            )
+        except grpc.aio.AioRpcError as err:
+            raise _router_error(err) from None
+
+    async def ready(self) -> bool:
+        try:
+            models = await self._stub.ListModels(router_pb2.ListModelsRequest(), timeout=1.0)
+        except grpc.aio.AioRpcError:
+            return False
+        return len(models.models) > 0
+
+    def report_outcome(self, report: router_pb2.OutcomeReport) -> None:
+        """Fire and forget: the client's response never waits on the router."""
+
+        async def send() -> None:
+            with contextlib.suppress(grpc.aio.AioRpcError):
+                await self._stub.ReportOutcome(report, timeout=self._timeout_s)
+
+        task = asyncio.create_task(send())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def close(self) -> None:
+        if self._background:
+            await asyncio.wait(self._background, timeout=1.0)
+        await self._channel.close(grace=None)
+
+
+def _router_error(err: grpc.aio.AioRpcError) -> MeridianError:
+    code = err.code()
+    if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not (
+        err.trailing_metadata()
+    ):
+        event(log, "router.unreachable", level=logging.WARNING, code=code.name)
+        return Unavailable("the router is unreachable; try again shortly", retry_after_s=1.0)
+    return from_grpc(code, err.details(), err.trailing_metadata())
+
+
+class WorkerPool:
+    """One channel per worker address, created on first use and kept."""
+
+    def __init__(self) -> None:
+        self._stubs: dict[str, tuple[grpc.aio.Channel, worker_pb2_grpc.WorkerStub]] = {}
+
+    def generate(
+        self, address: str, request: worker_pb2.GenerateRequest, *, timeout_s: float | None
+    ) -> grpc.aio.UnaryStreamCall:
+        entry = self._stubs.get(address)
+        if entry is None:
+            channel = insecure_channel(address)
+            entry = (channel, worker_pb2_grpc.WorkerStub(channel))
+            self._stubs[address] = entry
+        return entry[1].Generate(request, timeout=timeout_s)
+
+    async def close(self) -> None:
+        stubs, self._stubs = self._stubs, {}
+        await asyncio.gather(*(ch.close(grace=None) for ch, _ in stubs.values()))

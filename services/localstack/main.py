@@ -1,0 +1,139 @@
+"""``make run`` / ``python -m services.localstack``: the whole local multi-region stack.
+
+Starts Redis (unless ``REDIS_URL`` is set), simulated workers in three regions behind a delay
+proxy, one router and the edge on 127.0.0.1:8080 (``EDGE_PORT`` overrides), prints the URL and
+a demo API key (also written to ``.meridian/demo-key``), and stops everything cleanly on
+Ctrl-C or SIGTERM. Process logs go to ``.meridian/run/logs/``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+from services.common import runtime
+from services.localstack.config import StackConfigError, load_stack_config
+from services.localstack.procs import ProcessFailed
+from services.localstack.stack import REPO_ROOT, LocalStack
+
+DEFAULT_CONFIG = REPO_ROOT / "deploy/local/stack.yaml"
+STATE_DIR = Path(".meridian")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m services.localstack", description=__doc__)
+    p.add_argument("--engine", choices=["sim", "vllm"], default="sim")
+    p.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
+    p.add_argument("--state-dir", type=Path, default=STATE_DIR)
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    return p
+
+
+def _edge_port() -> int:
+    raw = os.environ.get("EDGE_PORT", "8080")
+    if not raw.isdigit() or not 0 <= int(raw) <= 65535:
+        raise SystemExit(f"EDGE_PORT must be a port number 0..65535, got {raw!r}")
+    return int(raw)
+
+
+def _banner(stack: LocalStack, key_file: Path) -> str:
+    ep = stack.endpoints
+    rows = "\n".join(
+        f"    {w.name:<12} region={w.region:<4} rtt={_rtt(stack, w.region):>5} ms  {w.proxied}"
+        for w in ep.workers.values()
+    )
+    return f"""
+Meridian local stack is up.
+
+  Edge (OpenAI-compatible):  {ep.edge_url}/v1
+  Demo API key:              {ep.demo_key}   (also in {key_file})
+  Model:                     {ep.model}
+  Router:                    {ep.router}
+  Redis:                     {ep.redis_url}
+  Workers (through the delay proxy):
+{rows}
+
+Try it:
+  curl {ep.edge_url}/v1/chat/completions -H "Authorization: Bearer $(cat {key_file})" \\
+       -H "Content-Type: application/json" \\
+       -d '{{"model": "{ep.model}", "messages": [{{"role": "user", "content": "Hello"}}]}}'
+
+Logs: {stack.run_dir / "logs"}   Ctrl-C stops everything.
+"""
+
+
+def _rtt(stack: LocalStack, region: str) -> str:
+    for r in stack.config.regions:
+        if r.name == region:
+            return f"{r.rtt_ms:g}"
+    return "?"
+
+
+async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    config = load_stack_config(args.config)
+    state = args.state_dir
+    state.mkdir(parents=True, exist_ok=True)
+    model_path = None
+    if args.engine == "vllm":
+        from services.worker.tinymodel import build_tiny_model
+
+        model_path = build_tiny_model(state / "tiny-model")
+    stack = LocalStack(
+        config=config,
+        run_dir=state / "run",
+        engine=args.engine,
+        edge_port=_edge_port(),
+        redis_url=os.environ.get("REDIS_URL") or None,
+        vllm_model_path=model_path,
+        log_level=args.log_level,
+    )
+    starting = asyncio.create_task(stack.start())
+    stopping = asyncio.create_task(stop.wait())
+    await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        print("stopping before the stack was up…", file=sys.stderr)
+        starting.cancel()
+        await asyncio.gather(starting, return_exceptions=True)
+        return
+    stopping.cancel()
+    try:
+        starting.result()
+    except ProcessFailed as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(1) from None
+    key_file = state / "demo-key"
+    key_file.write_text(stack.endpoints.demo_key + "\n")
+    key_file.chmod(0o600)
+    print(_banner(stack, key_file), flush=True)
+    reported: set[str] = set()
+    while not stop.is_set():
+        for proc in stack.processes():
+            if not proc.alive() and proc.name not in reported:
+                reported.add(proc.name)
+                print(f"warning: {proc.name} exited (code {proc.proc and proc.proc.returncode}); "
+                      f"see {proc.log_path}", file=sys.stderr, flush=True)
+        try:
+            await asyncio.wait_for(stop.wait(), timeout=0.5)
+        except TimeoutError:
+            pass
+    print("\nstopping the stack…", flush=True)
+    await stack.stop()
+    print("stopped.", flush=True)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        load_stack_config(args.config)
+    except StackConfigError as err:
+        parser.error(f"--config: {err}")
+    runtime.run(lambda stop: serve(args, stop))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""Child processes of the local stack: started in their own session, tied to the supervisor's
+life, logging to a file, and announcing readiness through a ready file.
+
+No orphans: each child gets ``PR_SET_PDEATHSIG = SIGTERM`` (Linux), so even a supervisor killed
+with SIGKILL takes its children down; a normal stop sends SIGTERM (graceful drain), then SIGKILL
+after a grace period.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import signal
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    if sys.platform.startswith("linux"):
+        libc = ctypes.CDLL("libc.so.6", use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class ProcessFailed(RuntimeError):
+    """A child exited or did not become ready; the message carries its last log lines."""
+
+
+class ManagedProcess:
+    def __init__(
+        self,
+        *,
+        name: str,
+        argv: Sequence[str],
+        log_path: Path,
+        ready_file: Path | None = None,
+        env: dict[str, str] | None = None,
+    ) -> None:
+        self.name = name
+        self.argv = list(argv)
+        self.log_path = log_path
+        self.ready_file = ready_file
+        self._env = env
+        self.proc: asyncio.subprocess.Process | None = None
+        self.ready_info: dict[str, Any] = {}
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc else None
+
+    async def start(self) -> None:
+        if self.ready_file is not None:
+            self.ready_file.unlink(missing_ok=True)
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        log = self.log_path.open("ab")
+        try:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.argv,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=log,
+                stderr=log,
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+                env={**os.environ, **(self._env or {})},
+            )
+        finally:
+            log.close()
+
+    async def wait_ready(self, timeout_s: float) -> dict[str, Any]:
+        """Wait for the ready file (JSON); fail fast if the process exits first."""
+        assert self.proc is not None and self.ready_file is not None
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.returncode is not None:
+                raise ProcessFailed(
+                    f"{self.name} exited with code {self.proc.returncode}:\n{self.log_tail()}"
+                )
+            if self.ready_file.exists():
+                self.ready_info = json.loads(self.ready_file.read_text())
+                return self.ready_info
+            await asyncio.sleep(0.02)
+        raise ProcessFailed(f"{self.name} was not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def stop(self, grace_s: float = 10.0) -> int | None:
+        """SIGTERM, wait up to ``grace_s``, then SIGKILL. Returns the exit code."""
+        if self.proc is None:
+            return None
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(signal.SIGTERM)
+            try:
+                await asyncio.wait_for(self.proc.wait(), grace_s)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
+                await self.proc.wait()
+        return self.proc.returncode
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.kill()
+
+    def log_tail(self, lines: int = 20) -> str:
+        try:
+            text = self.log_path.read_text(errors="replace")
+        except OSError:
+            return "(no log)"
+        return "\n".join(text.splitlines()[-lines:])

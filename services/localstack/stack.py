@@ -1,0 +1,232 @@
+"""Start, watch and stop the whole local multi-region stack as real processes.
+
+Order (each waits for the previous to be ready): Redis → workers → the network emulator
+(one delay route per worker, RTT of its region) → router (watching the *proxied* worker
+addresses, so it measures the distance) → demo API key → edge. Stop runs in reverse: the edge
+drains first, so no new request finds a worker gone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import redis.asyncio as aioredis
+
+from services.common.clock import SYSTEM_CLOCK
+from services.edge.apikeys import ApiKeyStore
+from services.localstack.config import StackConfig
+from services.localstack.procs import ManagedProcess, ProcessFailed
+from services.localstack.redis_server import RedisServer
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerEndpoint:
+    name: str
+    region: str
+    direct: str  # host:port of the worker itself
+    proxied: str  # host:port through the delay proxy (what router and edge dial)
+
+
+@dataclass(slots=True)
+class StackEndpoints:
+    edge_url: str = ""
+    router: str = ""
+    redis_url: str = ""
+    demo_key: str = ""
+    model: str = ""
+    workers: dict[str, WorkerEndpoint] = field(default_factory=dict)
+
+
+class LocalStack:
+    def __init__(
+        self,
+        *,
+        config: StackConfig,
+        run_dir: Path,
+        engine: str = "sim",
+        edge_port: int = 8080,
+        redis_url: str | None = None,
+        vllm_model_path: Path | None = None,
+        router_profile: Path | None = None,
+        log_level: str = "info",
+        python: str = sys.executable,
+    ) -> None:
+        self.config = config
+        self.run_dir = run_dir
+        self.engine = engine
+        self.edge_port = edge_port
+        self._redis_url = redis_url
+        self._vllm_model_path = vllm_model_path
+        self._router_profile = router_profile
+        self._log_level = log_level
+        self._python = python
+        self.redis: RedisServer | None = None
+        self.workers: dict[str, ManagedProcess] = {}
+        self.netem: ManagedProcess | None = None
+        self.router: ManagedProcess | None = None
+        self.edge: ManagedProcess | None = None
+        self.endpoints = StackEndpoints(model=config.model)
+
+    def _proc(self, name: str, module: str, *args: str) -> ManagedProcess:
+        ready = self.run_dir / f"{name}.ready"
+        return ManagedProcess(
+            name=name,
+            argv=[self._python, "-m", module, "--ready-file", str(ready), *args],
+            log_path=self.run_dir / "logs" / f"{name}.log",
+            ready_file=ready,
+        )
+
+    def processes(self) -> list[ManagedProcess]:
+        procs = [self.redis.process] if self.redis else []
+        procs += list(self.workers.values())
+        procs += [p for p in (self.netem, self.router, self.edge) if p is not None]
+        return procs
+
+    async def start(self) -> StackEndpoints:
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            await self._start_redis()
+            await self._start_workers()
+            await self._start_netem()
+            await self._start_router()
+            await self._create_demo_key()
+            await self._start_edge()
+            await self._wait_edge_ready()
+        except BaseException:
+            await self.stop()
+            raise
+        return self.endpoints
+
+    async def _start_redis(self) -> None:
+        if self._redis_url:
+            self.endpoints.redis_url = self._redis_url
+            return
+        self.redis = RedisServer(run_dir=self.run_dir / "redis")
+        await self.redis.start()
+        self.endpoints.redis_url = self.redis.url
+
+    def _worker_plan(self) -> list[tuple[str, str, str]]:
+        """(name, region, engine) for every worker to start."""
+        plan = []
+        if self.engine == "vllm":
+            for region, count in self.config.vllm_regions.items():
+                plan += [(f"{region}-vllm-{i + 1}", region, "vllm") for i in range(count)]
+        else:
+            for region in self.config.regions:
+                plan += [(f"{region.name}-{i + 1}", region.name, "sim") for i in range(region.workers)]
+        return plan
+
+    async def _start_workers(self) -> None:
+        sim_file = self.run_dir / "sim.yaml"
+        if self.config.sim:
+            import yaml
+
+            sim_file.write_text(yaml.safe_dump(self.config.sim))
+        for name, region, engine in self._worker_plan():
+            args = ["--worker-id", name, "--region", region, "--engine", engine,
+                    "--log-level", self._log_level]
+            if engine == "sim":
+                args += ["--model", self.config.model]
+                if self.config.sim:
+                    args += ["--sim-config", str(sim_file)]
+            else:
+                assert self._vllm_model_path is not None
+                args += ["--model", str(self._vllm_model_path),
+                         "--served-model-name", self.config.model]
+                for key, value in self.config.vllm_options.items():
+                    flag = "--" + key.replace("_", "-")
+                    args += [flag] if value is True else [flag, str(value)]
+            self.workers[name] = self._proc(name, "services.worker", *args)
+        for proc in self.workers.values():
+            await proc.start()
+        for name, proc in self.workers.items():
+            info = await proc.wait_ready(30.0)
+            region = name.split("-")[0]
+            direct = f"127.0.0.1:{info['port']}"
+            self.endpoints.workers[name] = WorkerEndpoint(name, region, direct, direct)
+
+    async def _start_netem(self) -> None:
+        regions = {r.name: r for r in self.config.regions}
+        routes = []
+        for name, ep in self.endpoints.workers.items():
+            spec = regions[ep.region]
+            route = f"{name}:127.0.0.1:0={ep.direct},delay_ms={spec.rtt_ms / 2:g}"
+            if spec.jitter_ms:
+                route += f",jitter_ms={spec.jitter_ms:g}"
+            routes += ["--route", route]
+        self.netem = self._proc("netem", "services.netem", *routes,
+                                "--log-level", self._log_level)
+        await self.netem.start()
+        info = await self.netem.wait_ready(10.0)
+        for name, ep in list(self.endpoints.workers.items()):
+            port = info["routes"][name]["port"]
+            self.endpoints.workers[name] = WorkerEndpoint(
+                ep.name, ep.region, ep.direct, f"127.0.0.1:{port}"
+            )
+
+    async def _start_router(self) -> None:
+        args = ["--site", self.config.site, "--log-level", self._log_level]
+        for ep in self.endpoints.workers.values():
+            args += ["--worker", ep.proxied]
+        if self._router_profile is not None:
+            args += ["--profile", str(self._router_profile)]
+        self.router = self._proc("router", "services.router", *args)
+        await self.router.start()
+        info = await self.router.wait_ready(15.0)
+        self.endpoints.router = f"127.0.0.1:{info['port']}"
+
+    async def _create_demo_key(self) -> None:
+        client = aioredis.Redis.from_url(self.endpoints.redis_url)
+        try:
+            raw, _ = await ApiKeyStore(redis=client, clock=SYSTEM_CLOCK).create(
+                "demo", "make run demo key"
+            )
+        finally:
+            await client.aclose()
+        self.endpoints.demo_key = raw
+
+    async def _start_edge(self) -> None:
+        self.edge = self._proc(
+            "edge", "services.edge",
+            "--port", str(self.edge_port),
+            "--redis-url", self.endpoints.redis_url,
+            "--router", self.endpoints.router,
+            "--site", self.config.site,
+            "--log-level", self._log_level,
+        )
+        await self.edge.start()
+        info = await self.edge.wait_ready(15.0)
+        self.endpoints.edge_url = f"http://127.0.0.1:{info['port']}"
+
+    async def _wait_edge_ready(self, timeout_s: float = 300.0) -> None:
+        """Until /readyz says the router sees a servable model (vLLM takes a while to load)."""
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        async with aiohttp.ClientSession() as session:
+            while True:
+                for proc in self.processes():
+                    if not proc.alive():
+                        raise ProcessFailed(f"{proc.name} exited:\n{proc.log_tail()}")
+                try:
+                    async with session.get(f"{self.endpoints.edge_url}/readyz") as resp:
+                        if resp.status == 200:
+                            return
+                except aiohttp.ClientError:
+                    pass
+                if asyncio.get_running_loop().time() > deadline:
+                    raise ProcessFailed("the stack did not become ready in time")
+                await asyncio.sleep(0.1)
+
+    async def stop(self) -> None:
+        """Reverse order; each process gets SIGTERM and time to drain, then SIGKILL."""
+        for proc in (self.edge, self.router, self.netem):
+            if proc is not None:
+                await proc.stop(grace_s=15.0)
+        await asyncio.gather(*(p.stop(grace_s=15.0) for p in self.workers.values()))
+        if self.redis is not None:
+            await self.redis.stop()

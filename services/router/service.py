@@ -1,0 +1,258 @@
+"""The router's gRPC service: Route, ReportOutcome, ListModels, GetView.
+
+Route turns a request into a :class:`RouteQuery`, asks the scheduler to rank the registry's
+current snapshots, records the assignment (in-flight accounting) and answers with the ranked
+candidates and their per-signal contributions. An empty decision becomes the gRPC status its
+reason maps to (see proto/meridian/v1/router.proto).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+import uuid
+from collections.abc import Sequence
+from typing import Protocol
+
+import grpc
+
+from meridian.v1 import router_pb2, router_pb2_grpc
+from services.common import limits
+from services.common.clock import Clock
+from services.common.errors import (
+    InvalidRequest,
+    MeridianError,
+    ModelNotFound,
+    Overloaded,
+    RegionNotAllowed,
+    Unavailable,
+)
+from services.common.grpcutil import abort_with
+from services.common.logs import event
+from services.router.registry import WorkerRegistry
+from services.router.scheduling.types import (
+    Decision,
+    ModelState,
+    NoCandidate,
+    Priority,
+    RouteQuery,
+    WorkerSnapshot,
+)
+
+log = logging.getLogger("meridian.router")
+
+MAX_PREFIX_HASHES = 256
+MAX_LIST_ITEMS = 64
+
+
+class Scheduler(Protocol):
+    def schedule(self, query: RouteQuery, workers: Sequence[WorkerSnapshot]) -> Decision: ...
+
+
+_PRIORITY_FROM_PB = {
+    router_pb2.PRIORITY_UNSPECIFIED: Priority.STANDARD,
+    router_pb2.PRIORITY_LOW: Priority.LOW,
+    router_pb2.PRIORITY_STANDARD: Priority.STANDARD,
+    router_pb2.PRIORITY_HIGH: Priority.HIGH,
+}
+
+
+def query_from_pb(pb: router_pb2.RouteRequest) -> RouteQuery:
+    """Validate a Route request (it crossed the network) and build the scheduler's query."""
+    if not pb.model or len(pb.model) > limits.MAX_MODEL_NAME_CHARS:
+        raise InvalidRequest("model is required", param="model")
+    if len(pb.request_id) > limits.MAX_REQUEST_ID_CHARS:
+        raise InvalidRequest("request_id is too long", param="request_id")
+    if pb.priority not in _PRIORITY_FROM_PB:
+        raise InvalidRequest(f"unknown priority {pb.priority}", param="priority")
+    if len(pb.prefix_hashes) > MAX_PREFIX_HASHES:
+        raise InvalidRequest(
+            f"at most {MAX_PREFIX_HASHES} prefix hashes are accepted", param="prefix_hashes"
+        )
+    for name, items in (
+        ("allowed_regions", pb.allowed_regions),
+        ("exclude_worker_ids", pb.exclude_worker_ids),
+    ):
+        if len(items) > MAX_LIST_ITEMS:
+            raise InvalidRequest(f"at most {MAX_LIST_ITEMS} {name} are accepted", param=name)
+    return RouteQuery(
+        request_id=pb.request_id,
+        model=pb.model,
+        tenant_id=pb.tenant_id,
+        priority=_PRIORITY_FROM_PB[pb.priority],
+        allowed_regions=frozenset(pb.allowed_regions),
+        edge_site=pb.edge_site,
+        client_region=pb.client_region,
+        prompt_tokens=pb.prompt_tokens,
+        max_tokens=pb.max_tokens,
+        session_id=pb.session_id,
+        prefix_hashes=tuple(pb.prefix_hashes),
+        exclude_worker_ids=frozenset(pb.exclude_worker_ids),
+    )
+
+
+def error_for(decision: Decision, query: RouteQuery) -> MeridianError:
+    reason = decision.empty_reason or NoCandidate.UNAVAILABLE
+    detail = decision.explanation
+    if reason is NoCandidate.UNKNOWN_MODEL:
+        return ModelNotFound(f"The model '{query.model}' does not exist", param="model")
+    if reason is NoCandidate.REGION_NOT_ALLOWED:
+        regions = ", ".join(sorted(query.allowed_regions))
+        return RegionNotAllowed(
+            f"model '{query.model}' is not served in the regions this request may use "
+            f"({regions})",
+            param="model",
+        )
+    if reason is NoCandidate.SATURATED:
+        return Overloaded(
+            f"no capacity for model '{query.model}' at this priority right now; {detail}",
+            retry_after_s=decision.retry_after_s or 1.0,
+        )
+    return Unavailable(
+        f"no healthy worker can serve model '{query.model}' right now; {detail}",
+        retry_after_s=decision.retry_after_s or 1.0,
+    )
+
+
+class RouterService(router_pb2_grpc.RouterServicer):  # type: ignore[misc]
+    def __init__(
+        self,
+        *,
+        registry: WorkerRegistry,
+        scheduler: Scheduler,
+        clock: Clock,
+        site: str = "",
+    ) -> None:
+        self._registry = registry
+        self._scheduler = scheduler
+        self._clock = clock
+        self._site = site
+
+    async def Route(  # noqa: N802
+        self,
+        request: router_pb2.RouteRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> router_pb2.RouteResponse:
+        started = time.perf_counter_ns()
+        try:
+            query = query_from_pb(request)
+        except MeridianError as err:
+            await abort_with(context, err)
+            raise AssertionError("unreachable") from None
+        now = self._clock.monotonic()
+        decision = self._scheduler.schedule(query, self._registry.snapshots(now))
+        elapsed_us = (time.perf_counter_ns() - started) / 1000
+        if not decision.ranked:
+            err = error_for(decision, query)
+            event(
+                log,
+                "route.empty",
+                request_id=query.request_id,
+                model=query.model,
+                reason=(decision.empty_reason or NoCandidate.UNAVAILABLE).value,
+                detail=decision.explanation,
+            )
+            await abort_with(context, err)
+        decision_id = uuid.uuid4().hex
+        winner = decision.ranked[0]
+        self._registry.assign(winner.worker.worker_id, decision_id, now)
+        event(
+            log,
+            "route.decided",
+            request_id=query.request_id,
+            decision_id=decision_id,
+            model=query.model,
+            worker_id=winner.worker.worker_id,
+            region=winner.worker.region,
+            score=round(winner.score, 4),
+            explanation=decision.explanation,
+            decision_us=round(elapsed_us, 1),
+        )
+        return self._response(decision, decision_id, elapsed_us, explain=request.explain)
+
+    async def ReportOutcome(  # noqa: N802
+        self,
+        request: router_pb2.OutcomeReport,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> router_pb2.OutcomeAck:
+        failed = request.outcome == router_pb2.OUTCOME_FAILED
+        self._registry.on_outcome(
+            request.worker_id, request.decision_id, failed, self._clock.monotonic()
+        )
+        return router_pb2.OutcomeAck()
+
+    async def ListModels(  # noqa: N802
+        self,
+        request: router_pb2.ListModelsRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> router_pb2.ListModelsResponse:
+        models: dict[str, tuple[set[str], int]] = {}
+        for w in self._registry.snapshots(self._clock.monotonic()):
+            if not w.healthy:
+                continue
+            for m in w.models:
+                if m.state is ModelState.READY:
+                    regions, max_len = models.setdefault(m.name, (set(), 0))
+                    regions.add(w.region)
+                    models[m.name] = (regions, max(max_len, m.max_model_len))
+        return router_pb2.ListModelsResponse(
+            models=[
+                router_pb2.ServedModel(name=name, regions=sorted(regions), max_model_len=max_len)
+                for name, (regions, max_len) in sorted(models.items())
+            ]
+        )
+
+    async def GetView(  # noqa: N802
+        self,
+        request: router_pb2.GetViewRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> router_pb2.RouterView:
+        now = self._clock.monotonic()
+        view = router_pb2.RouterView(router_site=self._site, generated_unix_ms=int(time.time() * 1000))
+        for w in sorted(self._registry.snapshots(now), key=lambda s: (s.region, s.worker_id)):
+            wv = view.workers.add(
+                worker_id=w.worker_id,
+                region=w.region,
+                address=w.address,
+                healthy=w.healthy,
+                health_detail=w.health_detail,
+                rtt_ms=w.rtt_ms or 0.0,
+                loss=w.loss,
+                report_age_ms=w.report_age_s * 1000,
+                in_flight_assigned=w.in_flight,
+            )
+            report = self._registry.last_report(w.worker_id)
+            if report is not None:
+                wv.load.CopyFrom(report)
+        return view
+
+    def _response(
+        self, decision: Decision, decision_id: str, elapsed_us: float, *, explain: bool
+    ) -> router_pb2.RouteResponse:
+        resp = router_pb2.RouteResponse(
+            decision_id=decision_id,
+            explanation=decision.explanation,
+            decision_us=elapsed_us,
+            router_site=self._site,
+        )
+        for scored in decision.ranked:
+            cand = resp.candidates.add(
+                worker_id=scored.worker.worker_id,
+                region=scored.worker.region,
+                address=scored.worker.address,
+                score=scored.score,
+            )
+            for c in scored.contributions:
+                cand.contributions.add(
+                    signal=c.signal,
+                    score=c.score,
+                    weight=c.weight,
+                    weighted=c.weighted,
+                    detail=c.detail,
+                )
+        if explain:
+            for r in decision.rejected:
+                resp.filtered.add(
+                    worker_id=r.worker_id, region=r.region, filter=r.filter, reason=r.reason
+                )
+        return resp

@@ -1,0 +1,149 @@
+"""``python -m services.worker``: one regional worker process.
+
+    python -m services.worker --engine sim --region kr --worker-id kr-1 --port 50061
+    python -m services.worker --engine vllm --model /models/llama --region us --port 50061
+
+The gRPC server listens before the engine has loaded: health says NOT_SERVING and load reports
+say LOADING, so routers learn about the worker at once but send it nothing until it is ready.
+SIGTERM drains (no new requests, in-flight ones finish within ``--drain-grace-s``), then exits.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import re
+import sys
+from pathlib import Path
+
+from meridian.v1 import worker_pb2_grpc
+from services.common import logs, runtime
+from services.common.grpcutil import Health, new_server
+from services.common.logs import event
+from services.worker.engine import Engine
+from services.worker.engines import ENGINE_NAMES, EngineConfigError, build_engine
+from services.worker.service import WorkerService
+
+log = logging.getLogger("meridian.worker")
+
+_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+
+
+def _identifier(value: str) -> str:
+    if not _ID_RE.match(value):
+        raise argparse.ArgumentTypeError(
+            f"{value!r} must be 1-64 characters of letters, digits, '.', '_' or '-'"
+        )
+    return value
+
+
+def _port(value: str) -> int:
+    try:
+        port = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a port number") from None
+    if not 0 <= port <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0..65535, got {port}")
+    return port
+
+
+def _positive_float(value: str) -> float:
+    try:
+        f = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not f > 0:
+        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
+    return f
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m services.worker", description=__doc__)
+    p.add_argument("--engine", choices=ENGINE_NAMES, default="sim")
+    p.add_argument("--worker-id", type=_identifier, required=True)
+    p.add_argument("--region", type=_identifier, required=True)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=_port, default=0, help="0 picks a free port (see --ready-file)")
+    p.add_argument("--ready-file", type=Path, help="write {'port': N} here once listening")
+    p.add_argument("--report-interval-ms", type=_positive_float, default=100.0)
+    p.add_argument("--drain-grace-s", type=_positive_float, default=10.0)
+    p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    g = p.add_argument_group("model")
+    g.add_argument("--model", help="vllm: path or name of the weights; sim: served model name")
+    g.add_argument("--served-model-name", help="the name clients ask for (default: --model)")
+    g.add_argument("--max-model-len", type=int, help="context length in tokens")
+    g.add_argument("--max-num-seqs", type=int, help="max concurrent sequences in a batch")
+    v = p.add_argument_group("vllm engine")
+    v.add_argument("--dtype", default="auto")
+    v.add_argument("--gpu-memory-utilization", type=_positive_float)
+    v.add_argument("--tensor-parallel-size", type=int, default=1)
+    v.add_argument("--enforce-eager", action="store_true")
+    s = p.add_argument_group("sim engine")
+    s.add_argument("--sim-config", type=Path, help="YAML file of SimConfig fields")
+    s.add_argument(
+        "--sim",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one SimConfig field (repeatable)",
+    )
+    return p
+
+
+async def serve(args: argparse.Namespace, engine: Engine, stop: asyncio.Event) -> None:
+    service = WorkerService(
+        engine=engine,
+        worker_id=args.worker_id,
+        region=args.region,
+        report_interval_s=args.report_interval_ms / 1000,
+    )
+    health = Health(["meridian.v1.Worker"])
+    server = new_server()
+    worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
+    health.add_to(server)
+    port = server.add_insecure_port(f"{args.host}:{args.port}")
+    await server.start()
+    await health.set_serving(False)
+    runtime.write_ready_file(args.ready_file, {"port": port, "host": args.host})
+    event(log, "worker.listening", port=port, engine=engine.name, region=args.region)
+
+    async def load_engine() -> None:
+        await engine.start()
+        service.notify_state_change()
+        await health.set_serving(True)
+        event(log, "worker.ready", models=[m.name for m in engine.models()])
+
+    loading = asyncio.create_task(load_engine())
+    stopping = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if loading in done and loading.exception() is not None:
+        exc = loading.exception()
+        event(log, "worker.engine_failed", level=logging.ERROR, error=repr(exc))
+        service.notify_state_change()
+        await stop.wait()
+    elif loading not in done:
+        await stop.wait()
+        loading.cancel()
+    await health.set_serving(False)
+    aborted = await service.drain(args.drain_grace_s)
+    await health.shutdown()
+    await server.stop(grace=1.0)
+    await engine.shutdown()
+    event(log, "worker.stopped", aborted=aborted)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    logs.configure("worker", args.log_level)
+    try:
+        engine = build_engine(args)
+    except EngineConfigError as err:
+        parser.error(str(err))
+    runtime.run(lambda stop: serve(args, engine, stop))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

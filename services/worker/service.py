@@ -1,0 +1,196 @@
+"""The worker's gRPC service: Generate (token streaming), Describe, WatchLoad and Probe over one
+:class:`~services.worker.engine.Engine`.
+
+Lifecycle: the server listens while the engine loads (models report LOADING and health is
+NOT_SERVING, so the router sends nothing); ``drain()`` stops new work (UNAVAILABLE), marks
+models DRAINING in load reports at once, lets in-flight streams finish within a grace period and
+then aborts the rest in the engine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+
+from meridian.v1 import worker_pb2, worker_pb2_grpc
+from services.common.errors import MeridianError, ModelNotFound, Unavailable
+from services.common.grpcutil import abort_with
+from services.common.logs import event
+from services.worker import convert
+from services.worker.engine import Engine, ModelState
+
+log = logging.getLogger("meridian.worker")
+
+MIN_REPORT_INTERVAL_S = 0.02
+MAX_REPORT_INTERVAL_S = 10.0
+
+
+class WorkerService(worker_pb2_grpc.WorkerServicer):  # type: ignore[misc]
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        worker_id: str,
+        region: str,
+        version: str = "0.1.0",
+        report_interval_s: float = 0.1,
+    ) -> None:
+        self._engine = engine
+        self._worker_id = worker_id
+        self._region = region
+        self._version = version
+        self._report_interval_s = report_interval_s
+        self._draining = False
+        self._inflight: dict[str, asyncio.Task[object]] = {}
+        self._changed = asyncio.Event()
+
+    @property
+    def draining(self) -> bool:
+        return self._draining
+
+    @property
+    def inflight(self) -> int:
+        return len(self._inflight)
+
+    def notify_state_change(self) -> None:
+        """Push a load report to every watcher now (model loaded, draining...)."""
+        self._changed.set()
+        self._changed = asyncio.Event()
+
+    # --- RPCs -----------------------------------------------------------------------------
+
+    async def Generate(  # noqa: N802 (gRPC method name)
+        self,
+        request: worker_pb2.GenerateRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> AsyncIterator[worker_pb2.GenerateChunk]:
+        try:
+            self._admit(request.model)
+            engine_request = convert.request_from_pb(request)
+        except MeridianError as err:
+            event(log, "generate.rejected", request_id=request.request_id, reason=err.message)
+            await abort_with(context, err)
+            return
+        task = asyncio.current_task()
+        if engine_request.request_id in self._inflight:
+            await abort_with(
+                context,
+                MeridianError(f"request_id {engine_request.request_id!r} is already running"),
+            )
+            return
+        assert task is not None
+        self._inflight[engine_request.request_id] = task
+        started = time.monotonic()
+        completion_tokens = 0
+        finish = "cancelled"
+        try:
+            async for out in self._engine.generate(engine_request):
+                completion_tokens = out.completion_tokens
+                if out.finish_reason is not None:
+                    finish = out.finish_reason.value
+                yield convert.chunk_to_pb(out)
+        except MeridianError as err:
+            finish = "error"
+            await abort_with(context, err)
+        finally:
+            self._inflight.pop(engine_request.request_id, None)
+            event(
+                log,
+                "generate.done",
+                request_id=engine_request.request_id,
+                model=engine_request.model,
+                finish=finish,
+                completion_tokens=completion_tokens,
+                duration_ms=round((time.monotonic() - started) * 1000, 2),
+            )
+
+    async def Describe(  # noqa: N802
+        self,
+        request: worker_pb2.DescribeRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> worker_pb2.WorkerInfo:
+        return worker_pb2.WorkerInfo(
+            worker_id=self._worker_id,
+            region=self._region,
+            models=self._models_pb(),
+            engine=self._engine.name,
+            version=self._version,
+        )
+
+    async def WatchLoad(  # noqa: N802
+        self,
+        request: worker_pb2.WatchLoadRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> AsyncIterator[worker_pb2.LoadReport]:
+        interval = request.interval_ms / 1000 if request.interval_ms else self._report_interval_s
+        interval = min(max(interval, MIN_REPORT_INTERVAL_S), MAX_REPORT_INTERVAL_S)
+        sequence = 0
+        while True:
+            changed = self._changed
+            yield self.load_report(sequence)
+            sequence += 1
+            try:
+                await asyncio.wait_for(changed.wait(), timeout=interval)
+            except TimeoutError:
+                pass
+
+    async def Probe(  # noqa: N802
+        self,
+        request: worker_pb2.ProbeRequest,
+        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+    ) -> worker_pb2.ProbeReply:
+        return worker_pb2.ProbeReply(sent_unix_ns=request.sent_unix_ns, worker_id=self._worker_id)
+
+    # --- state ----------------------------------------------------------------------------
+
+    def load_report(self, sequence: int) -> worker_pb2.LoadReport:
+        report = worker_pb2.LoadReport(
+            worker_id=self._worker_id,
+            region=self._region,
+            sequence=sequence,
+            sent_unix_ms=int(time.time() * 1000),
+            models=self._models_pb(),
+            draining=self._draining,
+        )
+        convert.load_to_pb(self._engine.load(), report)
+        return report
+
+    async def drain(self, grace_s: float) -> int:
+        """Stop taking work, wait up to ``grace_s`` for in-flight streams, abort the rest.
+
+        Returns how many requests had to be aborted.
+        """
+        self._draining = True
+        self.notify_state_change()
+        event(log, "worker.draining", inflight=len(self._inflight), grace_s=grace_s)
+        deadline = time.monotonic() + grace_s
+        while self._inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        leftover = list(self._inflight)
+        for request_id in leftover:
+            await self._engine.abort(request_id)
+        # Give the aborted streams a moment to send their final (ABORT) chunk.
+        end = time.monotonic() + 1.0
+        while self._inflight and time.monotonic() < end:
+            await asyncio.sleep(0.01)
+        for task in list(self._inflight.values()):
+            task.cancel()
+        return len(leftover)
+
+    def _admit(self, model: str) -> None:
+        if self._draining:
+            raise Unavailable("worker is draining; retry on another worker")
+        for m in self._engine.models():
+            if m.name == model:
+                if m.state is not ModelState.READY:
+                    raise Unavailable(f"model {model!r} is {m.state.value} on this worker")
+                return
+        if model:
+            raise ModelNotFound(f"model {model!r} is not served by this worker", param="model")
+
+    def _models_pb(self) -> list[worker_pb2.ModelInfo]:
+        return [convert.model_to_pb(m, draining=self._draining) for m in self._engine.models()]
