@@ -8,6 +8,7 @@ second on idle connections, which is what lets the router mark a worker down qui
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
@@ -74,7 +75,7 @@ class Health:
         await self.servicer.enter_graceful_shutdown()
 
 
-async def abort_with(context: grpc.aio.ServicerContext, err: MeridianError) -> None:  # type: ignore[type-arg]
+async def abort_with(context: grpc.aio.ServicerContext[Any, Any], err: MeridianError) -> None:
     """End an RPC with the gRPC status (and trailers) that ``err`` maps to. Never returns."""
     context.set_trailing_metadata(err.grpc_trailers())
     await context.abort(err.grpc_code, err.message)

@@ -43,6 +43,12 @@ def looks_like_key(raw: str) -> bool:
     return bool(_KEY_RE.match(raw))
 
 
+def _text(value: bytes | str | None) -> str:
+    if value is None:
+        return ""
+    return value.decode() if isinstance(value, bytes) else value
+
+
 @dataclass(frozen=True, slots=True)
 class KeyRecord:
     key_id: str
@@ -87,9 +93,9 @@ class ApiKeyStore:
         record: KeyRecord | None = None
         if fields and b"revoked_ms" not in fields:
             record = KeyRecord(
-                key_id=fields.get(b"key_id", b"").decode(),
-                tenant=fields.get(b"tenant", b"").decode(),
-                name=fields.get(b"name", b"").decode(),
+                key_id=_text(fields.get(b"key_id")),
+                tenant=_text(fields.get(b"tenant")),
+                name=_text(fields.get(b"name")),
             )
         if len(self._cache) > 100_000:
             self._cache.clear()

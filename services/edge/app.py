@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import redis.asyncio as aioredis
 import redis.exceptions
 from aiohttp import web
+from aiohttp.typedefs import Handler
 
 from services.common.errors import (
     InternalError,
@@ -45,7 +46,7 @@ class EdgeDeps:
 
 
 DEPS = web.AppKey("deps", EdgeDeps)
-CHAT = web.AppKey("chat_pipeline", Next)
+CHAT: web.AppKey[Next] = web.AppKey("chat_pipeline")
 
 
 def error_response(err: MeridianError, request_id: str | None = None) -> web.Response:
@@ -58,16 +59,15 @@ def error_response(err: MeridianError, request_id: str | None = None) -> web.Res
 
 
 @web.middleware
-async def error_boundary(request: web.Request, handler: web.Handler) -> web.StreamResponse:
+async def error_boundary(request: web.Request, handler: Handler) -> web.StreamResponse:
     """Every failure leaves in OpenAI's error format; nothing leaks a stack trace."""
     try:
         return await handler(request)
     except MeridianError as err:
         return error_response(err, request.get("request_id"))
-    except web.HTTPRequestEntityTooLarge as exc:
-        return error_response(
-            PayloadTooLarge(f"request body is larger than {exc.max_size} bytes")
-        )
+    except web.HTTPRequestEntityTooLarge:
+        limit = request.app[DEPS].max_body_bytes
+        return error_response(PayloadTooLarge(f"request body is larger than {limit} bytes"))
     except web.HTTPNotFound:
         return error_response(NotFound(f"Unknown path: {request.method} {request.path}"))
     except web.HTTPMethodNotAllowed:
@@ -96,8 +96,14 @@ async def list_models(request: web.Request) -> web.Response:
         {
             "object": "list",
             "data": [
-                {"id": m.name, "object": "model", "created": 0, "owned_by": "meridian",
-                 "regions": list(m.regions), "max_model_len": m.max_model_len}
+                {
+                    "id": m.name,
+                    "object": "model",
+                    "created": 0,
+                    "owned_by": "meridian",
+                    "regions": list(m.regions),
+                    "max_model_len": m.max_model_len,
+                }
                 for m in served.models
             ],
         }

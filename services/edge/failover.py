@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import grpc
 
 from meridian.v1 import router_pb2, worker_pb2
+from meridian.v1.router_pb2 import Outcome
 from services.common.errors import (
     MeridianError,
     Unavailable,
@@ -31,7 +32,7 @@ from services.common.errors import (
     is_retryable_elsewhere,
 )
 from services.common.logs import event
-from services.edge.upstream import RouterClient, RouteResult, WorkerPool
+from services.edge.upstream import GenerateCall, RouterClient, RouteResult, WorkerPool
 
 log = logging.getLogger("meridian.edge.failover")
 
@@ -56,7 +57,7 @@ class UpstreamStream:
     def __init__(
         self,
         *,
-        call: grpc.aio.UnaryStreamCall,
+        call: GenerateCall,
         first: worker_pb2.GenerateChunk,
         candidate: router_pb2.Candidate,
         decision_id: str,
@@ -93,7 +94,7 @@ class UpstreamStream:
             except grpc.aio.AioRpcError as err:
                 self._report(router_pb2.OUTCOME_FAILED)
                 raise _stream_error(err) from None
-            if nxt is grpc.aio.EOF:
+            if not isinstance(nxt, worker_pb2.GenerateChunk):  # grpc.aio.EOF
                 self._report(router_pb2.OUTCOME_FAILED)
                 raise UpstreamFailed("the worker ended the stream without a finish reason")
             chunk = nxt
@@ -104,7 +105,7 @@ class UpstreamStream:
             self._call.cancel()
         self._report(router_pb2.OUTCOME_CANCELLED)
 
-    def _report(self, outcome: int) -> None:
+    def _report(self, outcome: Outcome) -> None:
         if self._reported:
             return
         self._reported = True
@@ -202,10 +203,10 @@ async def _attempt(
 ) -> UpstreamStream:
     call = workers.generate(cand.address, generate, timeout_s=None)
     # What to tell the router if this attempt does not become a stream.
-    outcome: int | None = router_pb2.OUTCOME_CANCELLED
+    outcome: Outcome | None = router_pb2.OUTCOME_CANCELLED
     try:
         first = await asyncio.wait_for(call.read(), policy.first_token_timeout_s)
-        if first is grpc.aio.EOF:
+        if not isinstance(first, worker_pb2.GenerateChunk):  # grpc.aio.EOF
             outcome = router_pb2.OUTCOME_FAILED
             raise UpstreamFailed("the worker ended the stream before the first token")
         outcome = None  # the stream reports its own outcome

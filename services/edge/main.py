@@ -20,11 +20,11 @@ from aiohttp import web
 from services.common import logs, runtime
 from services.common.clock import SYSTEM_CLOCK
 from services.common.logs import event
+from services.common.net import parse_address
 from services.edge.apikeys import ApiKeyStore
 from services.edge.app import EdgeDeps, build_app
 from services.edge.failover import FailoverPolicy
 from services.edge.upstream import RouterClient, WorkerPool
-from services.common.net import parse_address
 
 log = logging.getLogger("meridian.edge")
 

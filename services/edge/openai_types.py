@@ -111,8 +111,10 @@ class ChatCompletionRequest(BaseModel):
         return v
 
     def effective_max_tokens(self) -> int | None:
-        return self.max_completion_tokens if self.max_completion_tokens is not None else (
-            self.max_tokens
+        return (
+            self.max_completion_tokens
+            if self.max_completion_tokens is not None
+            else (self.max_tokens)
         )
 
     def stop_list(self) -> list[str]:

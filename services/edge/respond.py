@@ -183,8 +183,13 @@ class Respond:
                 await resp.write(render.usage(last.usage))
             await resp.write(SSE_DONE)
         except MeridianError as err:
-            event(log, "stream.failed", level=logging.WARNING, request_id=ctx.request_id,
-                  error=err.message)
+            event(
+                log,
+                "stream.failed",
+                level=logging.WARNING,
+                request_id=ctx.request_id,
+                error=err.message,
+            )
             await resp.write(sse_data(err.to_openai()))
         finally:
             upstream.cancel()

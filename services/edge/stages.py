@@ -55,7 +55,9 @@ class Authenticate:
 async def authenticate(keys: ApiKeyStore, request: web.Request) -> KeyRecord:
     raw = bearer_token(request)
     if not looks_like_key(raw):
-        raise AuthenticationFailed("Incorrect API key provided: the key is not in Meridian's format.")
+        raise AuthenticationFailed(
+            "Incorrect API key provided: the key is not in Meridian's format."
+        )
     try:
         record = await keys.verify(raw)
     except redis.exceptions.RedisError as err:

@@ -22,6 +22,9 @@ from services.common.logs import event
 log = logging.getLogger("meridian.edge.upstream")
 
 
+GenerateCall = grpc.aio.UnaryStreamCall[worker_pb2.GenerateRequest, worker_pb2.GenerateChunk]
+
+
 @dataclass(frozen=True, slots=True)
 class RouteResult:
     decision_id: str
@@ -49,9 +52,10 @@ class RouterClient:
 
     async def list_models(self) -> router_pb2.ListModelsResponse:
         try:
-            return await self._stub.ListModels(
+            resp: router_pb2.ListModelsResponse = await self._stub.ListModels(
                 router_pb2.ListModelsRequest(), timeout=self._timeout_s
             )
+            return resp
         except grpc.aio.AioRpcError as err:
             raise _router_error(err) from None
 
@@ -97,13 +101,14 @@ class WorkerPool:
 
     def generate(
         self, address: str, request: worker_pb2.GenerateRequest, *, timeout_s: float | None
-    ) -> grpc.aio.UnaryStreamCall:
+    ) -> GenerateCall:
         entry = self._stubs.get(address)
         if entry is None:
             channel = insecure_channel(address)
             entry = (channel, worker_pb2_grpc.WorkerStub(channel))
             self._stubs[address] = entry
-        return entry[1].Generate(request, timeout=timeout_s)
+        call: GenerateCall = entry[1].Generate(request, timeout=timeout_s)
+        return call
 
     async def close(self) -> None:
         stubs, self._stubs = self._stubs, {}

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import sys
 from pathlib import Path
@@ -113,12 +114,14 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         for proc in stack.processes():
             if not proc.alive() and proc.name not in reported:
                 reported.add(proc.name)
-                print(f"warning: {proc.name} exited (code {proc.proc and proc.proc.returncode}); "
-                      f"see {proc.log_path}", file=sys.stderr, flush=True)
-        try:
+                print(
+                    f"warning: {proc.name} exited (code {proc.proc and proc.proc.returncode}); "
+                    f"see {proc.log_path}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(stop.wait(), timeout=0.5)
-        except TimeoutError:
-            pass
     print("\nstopping the stack…", flush=True)
     await stack.stop()
     print("stopped.", flush=True)

@@ -118,8 +118,8 @@ class LocalStack:
             for region, count in self.config.vllm_regions.items():
                 plan += [(f"{region}-vllm-{i + 1}", region, "vllm") for i in range(count)]
         else:
-            for region in self.config.regions:
-                plan += [(f"{region.name}-{i + 1}", region.name, "sim") for i in range(region.workers)]
+            for spec in self.config.regions:
+                plan += [(f"{spec.name}-{i + 1}", spec.name, "sim") for i in range(spec.workers)]
         return plan
 
     async def _start_workers(self) -> None:
@@ -129,16 +129,28 @@ class LocalStack:
 
             sim_file.write_text(yaml.safe_dump(self.config.sim))
         for name, region, engine in self._worker_plan():
-            args = ["--worker-id", name, "--region", region, "--engine", engine,
-                    "--log-level", self._log_level]
+            args = [
+                "--worker-id",
+                name,
+                "--region",
+                region,
+                "--engine",
+                engine,
+                "--log-level",
+                self._log_level,
+            ]
             if engine == "sim":
                 args += ["--model", self.config.model]
                 if self.config.sim:
                     args += ["--sim-config", str(sim_file)]
             else:
                 assert self._vllm_model_path is not None
-                args += ["--model", str(self._vllm_model_path),
-                         "--served-model-name", self.config.model]
+                args += [
+                    "--model",
+                    str(self._vllm_model_path),
+                    "--served-model-name",
+                    self.config.model,
+                ]
                 for key, value in self.config.vllm_options.items():
                     flag = "--" + key.replace("_", "-")
                     args += [flag] if value is True else [flag, str(value)]
@@ -160,8 +172,7 @@ class LocalStack:
             if spec.jitter_ms:
                 route += f",jitter_ms={spec.jitter_ms:g}"
             routes += ["--route", route]
-        self.netem = self._proc("netem", "services.netem", *routes,
-                                "--log-level", self._log_level)
+        self.netem = self._proc("netem", "services.netem", *routes, "--log-level", self._log_level)
         await self.netem.start()
         info = await self.netem.wait_ready(10.0)
         for name, ep in list(self.endpoints.workers.items()):
@@ -193,12 +204,18 @@ class LocalStack:
 
     async def _start_edge(self) -> None:
         self.edge = self._proc(
-            "edge", "services.edge",
-            "--port", str(self.edge_port),
-            "--redis-url", self.endpoints.redis_url,
-            "--router", self.endpoints.router,
-            "--site", self.config.site,
-            "--log-level", self._log_level,
+            "edge",
+            "services.edge",
+            "--port",
+            str(self.edge_port),
+            "--redis-url",
+            self.endpoints.redis_url,
+            "--router",
+            self.endpoints.router,
+            "--site",
+            self.config.site,
+            "--log-level",
+            self._log_level,
         )
         await self.edge.start()
         info = await self.edge.wait_ready(15.0)

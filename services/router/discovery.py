@@ -14,6 +14,7 @@ from services.common.clock import Clock
 from services.router.registry import WorkerRegistry
 from services.router.watcher import WorkerWatcher
 
+
 class StaticDiscovery:
     def __init__(
         self,

@@ -1,7 +1,8 @@
 """``python -m services.router``: one router replica (one per edge site).
 
     python -m services.router --site seoul --port 50051 \\
-        --worker 127.0.0.1:50061 --worker 127.0.0.1:50062 --profile deploy/router/profiles/default.yaml
+        --worker 127.0.0.1:50061 --worker 127.0.0.1:50062 \\
+        --profile deploy/router/profiles/default.yaml
 
 Each replica builds its own view (its own probes, its own load streams): nothing is shared
 between replicas but the workers they watch.
@@ -57,7 +58,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--port", type=_port, default=0)
     p.add_argument("--ready-file", type=Path)
     p.add_argument(
-        "--worker", type=_address, action="append", default=[], metavar="HOST:PORT",
+        "--worker",
+        type=_address,
+        action="append",
+        default=[],
+        metavar="HOST:PORT",
         help="a worker to watch (repeatable)",
     )
     p.add_argument("--profile", type=Path, default=DEFAULT_PROFILE, help="scheduling profile YAML")

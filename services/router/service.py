@@ -12,7 +12,7 @@ import logging
 import time
 import uuid
 from collections.abc import Sequence
-from typing import Protocol
+from typing import Any, Protocol
 
 import grpc
 
@@ -99,8 +99,7 @@ def error_for(decision: Decision, query: RouteQuery) -> MeridianError:
     if reason is NoCandidate.REGION_NOT_ALLOWED:
         regions = ", ".join(sorted(query.allowed_regions))
         return RegionNotAllowed(
-            f"model '{query.model}' is not served in the regions this request may use "
-            f"({regions})",
+            f"model '{query.model}' is not served in the regions this request may use ({regions})",
             param="model",
         )
     if reason is NoCandidate.SATURATED:
@@ -114,7 +113,7 @@ def error_for(decision: Decision, query: RouteQuery) -> MeridianError:
     )
 
 
-class RouterService(router_pb2_grpc.RouterServicer):  # type: ignore[misc]
+class RouterService(router_pb2_grpc.RouterServicer):
     def __init__(
         self,
         *,
@@ -128,10 +127,10 @@ class RouterService(router_pb2_grpc.RouterServicer):  # type: ignore[misc]
         self._clock = clock
         self._site = site
 
-    async def Route(  # noqa: N802
+    async def Route(
         self,
         request: router_pb2.RouteRequest,
-        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> router_pb2.RouteResponse:
         started = time.perf_counter_ns()
         try:
@@ -143,7 +142,6 @@ class RouterService(router_pb2_grpc.RouterServicer):  # type: ignore[misc]
         decision = self._scheduler.schedule(query, self._registry.snapshots(now))
         elapsed_us = (time.perf_counter_ns() - started) / 1000
         if not decision.ranked:
-            err = error_for(decision, query)
             event(
                 log,
                 "route.empty",
@@ -152,7 +150,7 @@ class RouterService(router_pb2_grpc.RouterServicer):  # type: ignore[misc]
                 reason=(decision.empty_reason or NoCandidate.UNAVAILABLE).value,
                 detail=decision.explanation,
             )
-            await abort_with(context, err)
+            await abort_with(context, error_for(decision, query))
         decision_id = uuid.uuid4().hex
         winner = decision.ranked[0]
         self._registry.assign(winner.worker.worker_id, decision_id, now)
@@ -170,10 +168,10 @@ class RouterService(router_pb2_grpc.RouterServicer):  # type: ignore[misc]
         )
         return self._response(decision, decision_id, elapsed_us, explain=request.explain)
 
-    async def ReportOutcome(  # noqa: N802
+    async def ReportOutcome(
         self,
         request: router_pb2.OutcomeReport,
-        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> router_pb2.OutcomeAck:
         failed = request.outcome == router_pb2.OUTCOME_FAILED
         self._registry.on_outcome(
@@ -181,10 +179,10 @@ class RouterService(router_pb2_grpc.RouterServicer):  # type: ignore[misc]
         )
         return router_pb2.OutcomeAck()
 
-    async def ListModels(  # noqa: N802
+    async def ListModels(
         self,
         request: router_pb2.ListModelsRequest,
-        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> router_pb2.ListModelsResponse:
         models: dict[str, tuple[set[str], int]] = {}
         for w in self._registry.snapshots(self._clock.monotonic()):
@@ -202,13 +200,15 @@ class RouterService(router_pb2_grpc.RouterServicer):  # type: ignore[misc]
             ]
         )
 
-    async def GetView(  # noqa: N802
+    async def GetView(
         self,
         request: router_pb2.GetViewRequest,
-        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> router_pb2.RouterView:
         now = self._clock.monotonic()
-        view = router_pb2.RouterView(router_site=self._site, generated_unix_ms=int(time.time() * 1000))
+        view = router_pb2.RouterView(
+            router_site=self._site, generated_unix_ms=int(time.time() * 1000)
+        )
         for w in sorted(self._registry.snapshots(now), key=lambda s: (s.region, s.worker_id)):
             wv = view.workers.add(
                 worker_id=w.worker_id,

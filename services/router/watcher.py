@@ -73,17 +73,20 @@ class WorkerWatcher:
             finally:
                 await channel.close(grace=None)
             self._registry.on_disconnect(self.address, reason)
-            event(log, "worker.disconnected", level=logging.WARNING, address=self.address,
-                  reason=reason)
+            event(
+                log,
+                "worker.disconnected",
+                level=logging.WARNING,
+                address=self.address,
+                reason=reason,
+            )
             await asyncio.sleep(backoff)
             backoff = min(backoff * 2, 2.0)
 
     async def _follow(self, stub: worker_pb2_grpc.WorkerStub) -> None:
         prober = asyncio.create_task(self._probe_loop(stub))
         try:
-            call = stub.WatchLoad(
-                worker_pb2.WatchLoadRequest(interval_ms=self._report_interval_ms)
-            )
+            call = stub.WatchLoad(worker_pb2.WatchLoadRequest(interval_ms=self._report_interval_ms))
             async for report in call:
                 self._registry.on_report(self.address, report, self._clock.monotonic())
         finally:

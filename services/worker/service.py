@@ -10,9 +10,11 @@ then aborts the rest in the engine.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
@@ -29,7 +31,7 @@ MIN_REPORT_INTERVAL_S = 0.02
 MAX_REPORT_INTERVAL_S = 10.0
 
 
-class WorkerService(worker_pb2_grpc.WorkerServicer):  # type: ignore[misc]
+class WorkerService(worker_pb2_grpc.WorkerServicer):
     def __init__(
         self,
         *,
@@ -46,6 +48,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):  # type: ignore[misc]
         self._report_interval_s = report_interval_s
         self._draining = False
         self._inflight: dict[str, asyncio.Task[object]] = {}
+        self._idle = asyncio.Event()
+        self._idle.set()
         self._changed = asyncio.Event()
 
     @property
@@ -63,10 +67,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):  # type: ignore[misc]
 
     # --- RPCs -----------------------------------------------------------------------------
 
-    async def Generate(  # noqa: N802 (gRPC method name)
+    async def Generate(
         self,
         request: worker_pb2.GenerateRequest,
-        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[worker_pb2.GenerateChunk]:
         try:
             self._admit(request.model)
@@ -84,6 +88,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):  # type: ignore[misc]
             return
         assert task is not None
         self._inflight[engine_request.request_id] = task
+        self._idle.clear()
         started = time.monotonic()
         completion_tokens = 0
         finish = "cancelled"
@@ -98,6 +103,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):  # type: ignore[misc]
             await abort_with(context, err)
         finally:
             self._inflight.pop(engine_request.request_id, None)
+            if not self._inflight:
+                self._idle.set()
             event(
                 log,
                 "generate.done",
@@ -108,10 +115,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):  # type: ignore[misc]
                 duration_ms=round((time.monotonic() - started) * 1000, 2),
             )
 
-    async def Describe(  # noqa: N802
+    async def Describe(
         self,
         request: worker_pb2.DescribeRequest,
-        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> worker_pb2.WorkerInfo:
         return worker_pb2.WorkerInfo(
             worker_id=self._worker_id,
@@ -121,10 +128,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):  # type: ignore[misc]
             version=self._version,
         )
 
-    async def WatchLoad(  # noqa: N802
+    async def WatchLoad(
         self,
         request: worker_pb2.WatchLoadRequest,
-        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[worker_pb2.LoadReport]:
         interval = request.interval_ms / 1000 if request.interval_ms else self._report_interval_s
         interval = min(max(interval, MIN_REPORT_INTERVAL_S), MAX_REPORT_INTERVAL_S)
@@ -133,15 +140,13 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):  # type: ignore[misc]
             changed = self._changed
             yield self.load_report(sequence)
             sequence += 1
-            try:
+            with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), timeout=interval)
-            except TimeoutError:
-                pass
 
-    async def Probe(  # noqa: N802
+    async def Probe(
         self,
         request: worker_pb2.ProbeRequest,
-        context: grpc.aio.ServicerContext,  # type: ignore[type-arg]
+        context: grpc.aio.ServicerContext[Any, Any],
     ) -> worker_pb2.ProbeReply:
         return worker_pb2.ProbeReply(sent_unix_ns=request.sent_unix_ns, worker_id=self._worker_id)
 
@@ -167,16 +172,14 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):  # type: ignore[misc]
         self._draining = True
         self.notify_state_change()
         event(log, "worker.draining", inflight=len(self._inflight), grace_s=grace_s)
-        deadline = time.monotonic() + grace_s
-        while self._inflight and time.monotonic() < deadline:
-            await asyncio.sleep(0.05)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), grace_s)
         leftover = list(self._inflight)
         for request_id in leftover:
             await self._engine.abort(request_id)
         # Give the aborted streams a moment to send their final (ABORT) chunk.
-        end = time.monotonic() + 1.0
-        while self._inflight and time.monotonic() < end:
-            await asyncio.sleep(0.01)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._idle.wait(), 1.0)
         for task in list(self._inflight.values()):
             task.cancel()
         return len(leftover)
