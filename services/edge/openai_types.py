@@ -15,6 +15,7 @@ import time
 from typing import Annotated, Any, Literal
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -31,21 +32,33 @@ from services.common.errors import InvalidRequest
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
+def _valid_unicode(value: str) -> str:
+    # JSON escapes can smuggle lone surrogates ("\ud800") that no UTF-8 encoder accepts.
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("contains an invalid Unicode escape (lone surrogate)") from None
+    return value
+
+
+Text = Annotated[StrictStr, AfterValidator(_valid_unicode)]
+
+
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: Literal["text"]
-    text: Annotated[StrictStr, Field(max_length=limits.MAX_CONTENT_CHARS)]
+    text: Annotated[Text, Field(max_length=limits.MAX_CONTENT_CHARS)]
 
 
 class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Role
     content: (
-        Annotated[StrictStr, Field(max_length=limits.MAX_CONTENT_CHARS)]
+        Annotated[Text, Field(max_length=limits.MAX_CONTENT_CHARS)]
         | Annotated[list[ContentPart], Field(min_length=1, max_length=64)]
         | None
     ) = None
-    name: Annotated[StrictStr, Field(max_length=64)] | None = None
+    name: Annotated[Text, Field(max_length=64)] | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -68,7 +81,7 @@ class ChatCompletionRequest(BaseModel):
     # Unknown top-level fields are ignored, as OpenAI does for forward compatibility.
     model_config = ConfigDict(extra="ignore")
 
-    model: Annotated[StrictStr, Field(min_length=1, max_length=limits.MAX_MODEL_NAME_CHARS)]
+    model: Annotated[Text, Field(min_length=1, max_length=limits.MAX_MODEL_NAME_CHARS)]
     messages: Annotated[list[ChatMessageIn], Field(min_length=1, max_length=limits.MAX_MESSAGES)]
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -83,9 +96,9 @@ class ChatCompletionRequest(BaseModel):
     top_p: Probability | None = None
     n: Annotated[StrictInt, Field(ge=1, le=1)] | None = None
     stop: (
-        Annotated[StrictStr, Field(min_length=1, max_length=limits.MAX_STOP_LENGTH)]
+        Annotated[Text, Field(min_length=1, max_length=limits.MAX_STOP_LENGTH)]
         | Annotated[
-            list[Annotated[StrictStr, Field(min_length=1, max_length=limits.MAX_STOP_LENGTH)]],
+            list[Annotated[Text, Field(min_length=1, max_length=limits.MAX_STOP_LENGTH)]],
             Field(max_length=limits.MAX_STOP_SEQUENCES),
         ]
         | None
@@ -95,7 +108,7 @@ class ChatCompletionRequest(BaseModel):
     frequency_penalty: Penalty | None = None
     logprobs: StrictBool | None = None
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=limits.MAX_TOP_LOGPROBS)] | None = None
-    user: Annotated[StrictStr, Field(max_length=256)] | None = None
+    user: Annotated[Text, Field(max_length=256)] | None = None
     tools: list[Any] | None = None
     tool_choice: Any = None
     response_format: dict[str, Any] | None = None
@@ -126,15 +139,21 @@ class ChatCompletionRequest(BaseModel):
         return bool(self.stream_options and self.stream_options.include_usage)
 
 
+_BRANCH_LABELS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
 def _param_path(loc: tuple[int | str, ...]) -> str:
+    """``("messages", 0, "content", "str")`` → ``messages[0].content``.
+
+    Pydantic adds union-branch and validator labels to the location; those are not part of
+    the user's field path, and never look like a JSON field name we define.
+    """
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in {"str", "list[ContentPart]", "function-after", "constrained-str"} or (
-            part.startswith(("list[", "constrained-"))
-        ):
-            continue  # union-branch labels pydantic adds; not part of the user's path
+        elif part in _BRANCH_LABELS or any(c in part for c in "[(-"):
+            continue
         else:
             out += f".{part}" if out else part
     return out
@@ -143,9 +162,11 @@ def _param_path(loc: tuple[int | str, ...]) -> str:
 def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     """Parse and validate a request body; every failure names the field it is about."""
     try:
-        data = json.loads(body)
-    except UnicodeDecodeError:
-        raise InvalidRequest("request body is not valid UTF-8") from None
+        text = body.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise InvalidRequest(f"request body is not valid UTF-8 (byte {err.start})") from None
+    try:
+        data = json.loads(text)
     except json.JSONDecodeError as err:
         raise InvalidRequest(
             f"We could not parse the JSON body of your request: {err.msg} at line {err.lineno} "
@@ -177,12 +198,6 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
             "stream_options is only allowed when stream is true", param="stream_options"
         )
     return req
-
-
-def completion_id() -> str:
-    import uuid
-
-    return f"chatcmpl-{uuid.uuid4().hex}"
 
 
 def now_s() -> int:

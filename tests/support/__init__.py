@@ -1,0 +1,1 @@
+"""Test support: real servers (Redis, gRPC services, the edge) started on free ports."""

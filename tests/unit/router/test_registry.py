@@ -1,0 +1,122 @@
+import pytest
+
+from meridian.v1 import worker_pb2
+from services.router.registry import RegistryConfig, WorkerRegistry
+from services.router.scheduling.types import ModelState
+
+ADDR = "127.0.0.1:5000"
+
+
+def report(running: int = 0, waiting: int = 0, draining: bool = False) -> worker_pb2.LoadReport:
+    r = worker_pb2.LoadReport(
+        worker_id="kr-1",
+        region="kr",
+        running=running,
+        waiting=waiting,
+        max_running=8,
+        kv_cache_usage=0.25,
+        draining=draining,
+    )
+    r.models.add(name="m", state=worker_pb2.MODEL_STATE_READY, max_model_len=4096)
+    return r
+
+
+def registry(**cfg: float) -> WorkerRegistry:
+    reg = WorkerRegistry(RegistryConfig(snapshot_max_age_s=0.0, **cfg))  # type: ignore[arg-type]
+    reg.add(ADDR)
+    reg.on_describe(ADDR, worker_pb2.WorkerInfo(worker_id="kr-1", region="kr"))
+    return reg
+
+
+def only(reg: WorkerRegistry, now: float):  # type: ignore[no-untyped-def]
+    (snap,) = reg.snapshots(now)
+    return snap
+
+
+def test_a_described_worker_without_reports_is_not_healthy() -> None:
+    snap = only(registry(), 0.0)
+    assert not snap.healthy
+    assert snap.health_detail == "not connected yet"
+
+
+def test_a_reporting_worker_is_healthy_with_its_load() -> None:
+    reg = registry()
+    reg.on_report(ADDR, report(running=3, waiting=2), now=10.0)
+    snap = only(reg, 10.1)
+    assert snap.healthy
+    assert (snap.running, snap.waiting, snap.max_running) == (3, 2, 8)
+    assert snap.models[0].state is ModelState.READY
+    assert snap.kv_cache_usage == 0.25
+
+
+def test_a_worker_goes_stale_when_reports_stop() -> None:
+    reg = registry(stale_after_s=0.5)
+    reg.on_report(ADDR, report(), now=10.0)
+    assert only(reg, 10.4).healthy
+    stale = only(reg, 10.6)
+    assert not stale.healthy
+    assert "no load report" in stale.health_detail
+
+
+def test_a_disconnect_marks_the_worker_down_at_once() -> None:
+    reg = registry()
+    reg.on_report(ADDR, report(), now=10.0)
+    reg.on_disconnect(ADDR, "UNAVAILABLE: connection reset")
+    snap = only(reg, 10.0)
+    assert not snap.healthy
+    assert "connection reset" in snap.health_detail
+
+
+def test_rtt_is_smoothed_and_loss_counted() -> None:
+    reg = registry(rtt_ewma_alpha=0.5, loss_window=4)
+    reg.on_report(ADDR, report(), now=1.0)
+    reg.on_probe(ADDR, 10.0)
+    reg.on_probe(ADDR, 20.0)
+    reg.on_probe(ADDR, None)
+    reg.on_probe(ADDR, 20.0)
+    snap = only(reg, 1.0)
+    assert snap.rtt_ms == pytest.approx(17.5)  # 10 → 15 → 17.5
+    assert snap.loss == pytest.approx(0.25)
+
+
+def test_assignments_count_as_in_flight_until_a_report_covers_them() -> None:
+    reg = registry()
+    reg.on_report(ADDR, report(), now=1.0)
+    reg.assign("kr-1", "d1", now=1.01)
+    reg.assign("kr-1", "d2", now=1.02)
+    assert only(reg, 1.03).in_flight == 2
+    reg.on_report(ADDR, report(running=2), now=1.10)  # sent after both arrived
+    assert only(reg, 1.11).in_flight == 0
+
+
+def test_outcomes_release_in_flight_and_count_failures() -> None:
+    reg = registry(failure_window_s=5.0)
+    reg.on_report(ADDR, report(), now=1.0)
+    reg.assign("kr-1", "d1", now=1.0)
+    reg.on_outcome("kr-1", "d1", failed=True, now=1.1)
+    snap = only(reg, 1.2)
+    assert snap.in_flight == 0
+    assert snap.recent_failures == 1
+    assert only(reg, 7.0).recent_failures == 0
+
+
+def test_draining_is_visible() -> None:
+    reg = registry()
+    reg.on_report(ADDR, report(draining=True), now=1.0)
+    assert only(reg, 1.0).draining
+
+
+def test_removed_workers_disappear() -> None:
+    reg = registry()
+    reg.on_report(ADDR, report(), now=1.0)
+    reg.remove(ADDR)
+    assert reg.snapshots(1.0) == []
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [{"stale_after_s": 0}, {"rtt_ewma_alpha": 0}, {"rtt_ewma_alpha": 1.5}, {"loss_window": 0}],
+)
+def test_bad_registry_config_is_refused(kwargs: dict[str, float]) -> None:
+    with pytest.raises(ValueError):
+        RegistryConfig(**kwargs)  # type: ignore[arg-type]

@@ -1,0 +1,88 @@
+import pytest
+
+from meridian.v1 import worker_pb2
+from services.common.errors import InvalidRequest
+from services.worker.convert import chunk_to_pb, request_from_pb
+from services.worker.engine import EngineOutput, FinishReason
+
+
+def request(**sampling: object) -> worker_pb2.GenerateRequest:
+    req = worker_pb2.GenerateRequest(request_id="r1", model="m")
+    req.messages.add(role="user", content="hello")
+    for k, v in sampling.items():
+        if k == "stop":
+            req.sampling.stop.extend(v)  # type: ignore[arg-type]
+        else:
+            setattr(req.sampling, k, v)
+    return req
+
+
+def test_a_valid_request_converts() -> None:
+    r = request(temperature=0.5, max_tokens=10, seed=3, stop=["x"])
+    er = request_from_pb(r)
+    assert er.sampling.temperature == 0.5
+    assert er.sampling.max_tokens == 10
+    assert er.sampling.seed == 3
+    assert er.sampling.stop == ("x",)
+    assert er.sampling.top_p is None  # unset stays unset
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("temperature", -0.1),
+        ("temperature", 2.5),
+        ("temperature", float("nan")),
+        ("top_p", 0.0),
+        ("top_p", 1.5),
+        ("presence_penalty", 3.0),
+        ("frequency_penalty", -3.0),
+        ("top_logprobs", 50),
+        ("stop", ["a", "b", "c", "d", "e"]),
+        ("stop", [""]),
+    ],
+)
+def test_bad_sampling_values_name_the_field(field: str, value: object) -> None:
+    with pytest.raises(InvalidRequest) as exc:
+        request_from_pb(request(**{field: value}))
+    assert exc.value.param == field
+
+
+def test_zero_max_tokens_is_refused() -> None:
+    with pytest.raises(InvalidRequest) as exc:
+        request_from_pb(request(max_tokens=0))
+    assert exc.value.param == "max_tokens"
+
+
+@pytest.mark.parametrize(
+    ("mutate", "param"),
+    [
+        (lambda r: setattr(r, "request_id", ""), "request_id"),
+        (lambda r: setattr(r, "model", ""), "model"),
+        (lambda r: r.ClearField("messages"), "messages"),
+        (lambda r: setattr(r.messages[0], "role", "wizard"), "messages[0].role"),
+    ],
+)
+def test_bad_request_fields_are_named(mutate, param: str) -> None:  # type: ignore[no-untyped-def]
+    r = request()
+    mutate(r)
+    with pytest.raises(InvalidRequest) as exc:
+        request_from_pb(r)
+    assert exc.value.param == param
+
+
+def test_final_chunk_carries_finish_usage_and_timings() -> None:
+    pb = chunk_to_pb(
+        EngineOutput(
+            text="!",
+            token_ids=(5,),
+            finish_reason=FinishReason.LENGTH,
+            prompt_tokens=4,
+            completion_tokens=9,
+            decode_ms=12.5,
+        )
+    )
+    assert pb.finish_reason == worker_pb2.FINISH_REASON_LENGTH
+    assert (pb.usage.prompt_tokens, pb.usage.completion_tokens) == (4, 9)
+    assert pb.timings.decode_ms == 12.5
+    assert list(pb.token_ids) == [5]
