@@ -53,9 +53,9 @@ def violations(root: Path = ROOT) -> list[str]:
             if not module.startswith("services."):
                 continue
             target = module.split(".")[1]
-            if owner == "common" and target in SERVICES + ("localstack",):
+            if owner == "common" and target in (*SERVICES, "localstack"):
                 out.append(f"{rel}:{line}: common imports {module}")
-            elif owner in SERVICES and target in SERVICES + ("localstack",) and target != owner:
+            elif owner in SERVICES and target in (*SERVICES, "localstack") and target != owner:
                 out.append(f"{rel}:{line}: {owner} imports {module}")
     return out
 

@@ -64,5 +64,5 @@ def test_unknown_stages_are_refused() -> None:
 
 def test_duplicate_stages_are_refused() -> None:
     seen: list[str] = []
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="out of order"):
         build_chain([Recording("route", seen), Recording("route", seen)], Terminal(seen))

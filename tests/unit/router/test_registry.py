@@ -118,5 +118,5 @@ def test_removed_workers_disappear() -> None:
     [{"stale_after_s": 0}, {"rtt_ewma_alpha": 0}, {"rtt_ewma_alpha": 1.5}, {"loss_window": 0}],
 )
 def test_bad_registry_config_is_refused(kwargs: dict[str, float]) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="must be"):
         RegistryConfig(**kwargs)  # type: ignore[arg-type]
