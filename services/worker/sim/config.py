@@ -76,7 +76,11 @@ class SimConfig:
     time_scale: float = 1.0
     """Multiplies every modelled duration: 0.01 runs 100 times faster than the model says."""
     stats_window_s: float = 5.0
-    """Window of ``tokens_per_second`` and ``prefix_cache_hit_rate`` (clock seconds)."""
+    """Window of ``tokens_per_second``, ``prefix_cache_hit_rate`` and GPU utilization (clock
+    seconds)."""
+    gpu_memory_utilization: float = 0.9
+    """The simulated GPU's memory in use, as a fraction: vLLM reserves this share up front for
+    weights and KV cache, so it does not move with load (KV use is reported separately)."""
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -102,6 +106,11 @@ class SimConfig:
             _require_float(key, getattr(self, key), positive=False)
         for key in ("decode_base_ms", "time_scale", "stats_window_s"):
             _require_float(key, getattr(self, key), positive=True)
+        _require_float("gpu_memory_utilization", self.gpu_memory_utilization, positive=True)
+        if self.gpu_memory_utilization > 1:
+            raise SimConfigError(
+                "gpu_memory_utilization", f"must be <= 1, got {self.gpu_memory_utilization}"
+            )
         for key in ("chunked_prefill", "enable_prefix_caching"):
             if not isinstance(getattr(self, key), bool):
                 raise SimConfigError(key, f"must be true or false, got {getattr(self, key)!r}")

@@ -22,11 +22,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import logging
 from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING
 
 from services.common.clock import SYSTEM_CLOCK, Clock
-from services.common.errors import Unavailable
+from services.common.errors import InternalError, MeridianError, Unavailable
 from services.worker.engine import (
+    Engine,
     EngineLoad,
     EngineOutput,
     EngineRequest,
@@ -37,26 +40,35 @@ from services.worker.sim.config import SimConfig
 from services.worker.sim.scheduler import SimScheduler
 
 MAX_LAG_S = 0.25
+_log = logging.getLogger(__name__)
 
 
 class _Collector:
-    """The outputs of one request not yet read by its consumer, merged."""
+    """The outputs of one request not yet read by its consumer, merged; or the error that
+    ended the engine under it."""
 
-    __slots__ = ("_pending", "_ready")
+    __slots__ = ("_error", "_pending", "_ready")
 
     def __init__(self) -> None:
         self._pending: EngineOutput | None = None
+        self._error: MeridianError | None = None
         self._ready = asyncio.Event()
 
     def put(self, out: EngineOutput) -> None:
         self._pending = out if self._pending is None else merge_outputs(self._pending, out)
         self._ready.set()
 
+    def fail(self, error: MeridianError) -> None:
+        self._error = error
+        self._ready.set()
+
     async def get(self) -> EngineOutput:
         await self._ready.wait()
         out, self._pending = self._pending, None
         self._ready.clear()
-        assert out is not None
+        if out is None:
+            assert self._error is not None
+            raise self._error
         return out
 
 
@@ -101,6 +113,7 @@ class SimEngine:
         if delay > 0:
             await asyncio.sleep(delay)
         self._loop_task = asyncio.create_task(self._run(), name="sim-engine-loop")
+        self._loop_task.add_done_callback(self._loop_ended)
         self._state = ModelState.READY
 
     async def shutdown(self) -> None:
@@ -167,6 +180,18 @@ class SimEngine:
 
     # -- the engine loop ----------------------------------------------------------------------
 
+    def _loop_ended(self, task: asyncio.Task[None]) -> None:
+        """A loop that dies of a bug must not leave streams hanging: fail them and the model."""
+        if task.cancelled() or task.exception() is None:
+            return
+        _log.error("simulated engine loop failed", exc_info=task.exception())
+        self._state = ModelState.FAILED
+        if self._loop_task is task:
+            self._loop_task = None
+        collectors, self._collectors = self._collectors, {}
+        for collector in collectors.values():
+            collector.fail(InternalError("the simulated engine failed"))
+
     async def _run(self) -> None:
         scheduler = self._scheduler
         timeline: float | None = None  # ideal start of the next step; None while idle
@@ -193,3 +218,7 @@ class SimEngine:
                 collector.put(out)
                 if out.finish_reason is not None:
                     del self._collectors[request_id]
+
+
+if TYPE_CHECKING:
+    _: type[Engine] = SimEngine  # the type checker holds SimEngine to the engine seam

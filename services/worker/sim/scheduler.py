@@ -27,9 +27,10 @@ Scheduling follows vLLM's v1 scheduler:
 4. At the end of the step every sequence that has computed all its tokens samples one more
    (so a new request's first token comes after its prefill); finished sequences free their KV.
 
-``load(now)`` reports the batch, the queue, KV usage (blocks held / total), generated tokens
-per second and the prefix-cache hit rate (hit tokens / looked-up tokens at admission), both over
-the last ``stats_window_s``.
+``load(now)`` reports the batch, the queue, KV usage (blocks held / total), and over the last
+``stats_window_s``: generated tokens per second, the prefix-cache hit rate (hit tokens /
+looked-up tokens at admission) and one simulated GPU whose utilization is the fraction of the
+window spent in steps (what NVML's utilization means: time a kernel was running).
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from services.common.errors import InvalidRequest, Overloaded
-from services.worker.engine import EngineLoad, EngineOutput, EngineRequest
+from services.worker.engine import EngineLoad, EngineOutput, EngineRequest, GpuStat
 from services.worker.sim.config import SimConfig
 from services.worker.sim.kv import KvCache
 from services.worker.sim.sequence import SeqState, SimSequence
@@ -92,6 +93,7 @@ class SimScheduler:
         self._generated = WindowedSum(config.stats_window_s)
         self._hit_tokens = WindowedSum(config.stats_window_s)
         self._query_tokens = WindowedSum(config.stats_window_s)
+        self._busy_s = WindowedSum(config.stats_window_s)
 
     # -- requests -----------------------------------------------------------------------------
 
@@ -214,7 +216,8 @@ class SimScheduler:
         sampled a token; sequences aborted during the step are skipped."""
         if self._plan is None:
             raise RuntimeError("end_step called without begin_step")
-        work, self._work, self._plan = self._work, [], None
+        plan, work, self._work, self._plan = self._plan, self._work, [], None
+        self._busy_s.add(now, plan.duration_s)
         outputs: dict[str, EngineOutput] = {}
         for seq, n in work:
             if seq.state is not SeqState.RUNNING:
@@ -242,13 +245,20 @@ class SimScheduler:
     def load(self, now: float) -> EngineLoad:
         queried = self._query_tokens.total(now)
         hits = self._hit_tokens.total(now)
+        window = self.config.stats_window_s
+        gpu = GpuStat(
+            index=0,
+            utilization=min(1.0, self._busy_s.total(now) / window),
+            memory_used_fraction=self.config.gpu_memory_utilization,
+        )
         return EngineLoad(
             running=len(self._running),
             waiting=len(self._waiting),
             max_running=self.config.max_num_seqs,
             kv_cache_usage=self.kv.usage,
-            tokens_per_second=self._generated.total(now) / self.config.stats_window_s,
+            tokens_per_second=self._generated.total(now) / window,
             prefix_cache_hit_rate=hits / queried if queried > 0 else 0.0,
+            gpus=(gpu,),
         )
 
     # -- internals ----------------------------------------------------------------------------

@@ -48,6 +48,8 @@ def test_is_frozen_and_keyword_only() -> None:
         ({"output_len_min": 0}, "output_len_min"),
         ({"output_len_min": 50, "output_len_max": 40}, "output_len_max"),
         ({"max_waiting": -1}, "max_waiting"),
+        ({"gpu_memory_utilization": 1.2}, "gpu_memory_utilization"),
+        ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"),
         ({"max_num_seqs": True}, "max_num_seqs"),
         ({"chunked_prefill": False, "max_num_batched_tokens": 2048}, "max_num_batched_tokens"),
     ],

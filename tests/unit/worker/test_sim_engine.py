@@ -4,6 +4,7 @@ abort, lifecycle. Assertions are about behaviour, never about how long something
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
@@ -190,3 +191,24 @@ def test_merge_outputs_concatenates_deltas_and_keeps_every_timing() -> None:
         FinishReason.STOP,
     )
     assert (m.queue_ms, m.prefill_ms, m.decode_ms) == (2.0, 3.0, 4.0)
+
+
+async def test_a_consumer_cancelled_between_reads_aborts_via_aclosing(engine: SimEngine) -> None:
+    """The way a server should consume: ``aclosing`` closes the stream even when the task is
+    cancelled while awaiting something else (a slow client write), not when the GC gets to it."""
+    reading = asyncio.Event()
+
+    async def serve() -> None:
+        stream = engine.generate(req("a", ignore_eos=True, max_tokens=5000))
+        async with contextlib.aclosing(stream):  # type: ignore[type-var]
+            async for _ in stream:
+                reading.set()
+                await asyncio.Event().wait()  # a write that never completes
+
+    task = asyncio.create_task(serve())
+    await reading.wait()
+    assert engine.load().running == 1
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert (engine.load().running, engine.load().kv_cache_usage) == (0, 0.0)

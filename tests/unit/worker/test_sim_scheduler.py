@@ -425,7 +425,7 @@ def test_chunked_prefill_spreads_a_long_prompt_over_steps() -> None:
     assert r.outputs["long"][0].completion_tokens == 1
 
 
-def test_tokens_per_second_is_over_the_recent_window() -> None:
+def test_tokens_per_second_and_gpu_use_are_over_the_recent_window() -> None:
     s = SimScheduler(SimConfig(stats_window_s=1.0, decode_base_ms=10.0, decode_ms_per_seq=0.0))
     clock = ManualClock()
     for i in range(4):
@@ -434,10 +434,14 @@ def test_tokens_per_second_is_over_the_recent_window() -> None:
         result = s.step(clock.monotonic())
         assert result is not None
         clock.advance(result.plan.duration_s)
-    # The last second holds ~100 steps of 4 tokens.
-    assert s.load(clock.monotonic()).tokens_per_second == pytest.approx(400, rel=0.05)
+    # The last second holds ~100 steps of 4 tokens, and the GPU was busy all of it.
+    busy = s.load(clock.monotonic())
+    assert busy.tokens_per_second == pytest.approx(400, rel=0.05)
+    assert busy.gpus[0].utilization == pytest.approx(1.0, rel=0.05)
     clock.advance(1.5)
-    assert s.load(clock.monotonic()).tokens_per_second == 0.0
+    idle = s.load(clock.monotonic())
+    assert (idle.tokens_per_second, idle.gpus[0].utilization) == (0.0, 0.0)
+    assert idle.gpus[0].memory_used_fraction == 0.9
 
 
 def test_a_full_admission_queue_refuses_with_overloaded() -> None:
