@@ -107,11 +107,15 @@ class SimEngine:
     # -- lifecycle ----------------------------------------------------------------------------
 
     async def start(self) -> None:
+        """Load the model (``load_delay_s`` of modelled time), start the step loop, go READY."""
         if self._loop_task is not None:
             return
+        self._state = ModelState.LOADING
         delay = self.config.load_delay_s * self.config.time_scale
         if delay > 0:
             await asyncio.sleep(delay)
+        if self._state is not ModelState.LOADING or self._loop_task is not None:
+            return  # shut down (or started by someone else) while loading
         self._loop_task = asyncio.create_task(self._run(), name="sim-engine-loop")
         self._loop_task.add_done_callback(self._loop_ended)
         self._state = ModelState.READY

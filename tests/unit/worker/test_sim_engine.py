@@ -212,3 +212,14 @@ async def test_a_consumer_cancelled_between_reads_aborts_via_aclosing(engine: Si
     with pytest.raises(asyncio.CancelledError):
         await task
     assert (engine.load().running, engine.load().kv_cache_usage) == (0, 0.0)
+
+
+async def test_shutdown_while_loading_never_goes_ready() -> None:
+    e = SimEngine(SimConfig(load_delay_s=5.0, time_scale=0.01))
+    starting = asyncio.create_task(e.start())
+    await asyncio.sleep(0)
+    await e.shutdown()
+    await starting
+    assert {m.state for m in e.models()} == {ModelState.DRAINING}
+    with pytest.raises(Unavailable):
+        await collect(e, req("a"))
