@@ -1,0 +1,134 @@
+"""Turn an :class:`EngineRequest` into a :class:`SimSequence`, or refuse it precisely.
+
+Everything here happens before the request is queued, so a request that can never succeed is
+refused before anything is streamed, with an error that names the parameter at fault:
+
+    model not served                          ModelNotFound          param "model"
+    no messages, bad role                     InvalidRequest         param "messages"
+    temperature not in [0, 2]                 InvalidRequest         param "temperature"
+    top_p not in (0, 1]                       InvalidRequest         param "top_p"
+    max_tokens < 1                            InvalidRequest         param "max_tokens"
+    presence/frequency penalty not in [-2, 2] InvalidRequest         param of the same name
+    top_logprobs not in [0, 20], or set
+      without logprobs                        InvalidRequest         param "top_logprobs"
+    empty stop string                         InvalidRequest         param "stop"
+    prompt fills the context                  ContextLengthExceeded  param "messages"
+    prompt + max_tokens over the context      ContextLengthExceeded  param "max_tokens"
+
+(``ContextLengthExceeded`` is an ``InvalidRequest`` with code ``context_length_exceeded``, as
+OpenAI and vLLM report both context cases.)
+
+Seeds: with ``temperature == 0`` the output depends only on the prompt (greedy decoding is
+deterministic); with a ``seed`` it depends on the seed and the prompt (OpenAI's promise: same
+seed, same prompt, same output); otherwise it is derived from the request id.
+"""
+
+from __future__ import annotations
+
+import random
+
+from services.common.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
+from services.worker.engine import EngineRequest, SamplingOptions
+from services.worker.sim.config import SimConfig
+from services.worker.sim.sequence import SimSequence
+from services.worker.sim.text import TextGenerator, render_chat, seed_for, tokenize
+
+ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
+MAX_TOP_LOGPROBS = 20
+
+
+def check_sampling(sampling: SamplingOptions) -> None:
+    """Range checks that do not depend on the prompt. NaN fails every range."""
+    s = sampling
+    if s.temperature is not None and not 0.0 <= s.temperature <= 2.0:
+        raise InvalidRequest(
+            f"temperature must be between 0 and 2, got {s.temperature}", param="temperature"
+        )
+    if s.top_p is not None and not 0.0 < s.top_p <= 1.0:
+        raise InvalidRequest(f"top_p must be in (0, 1], got {s.top_p}", param="top_p")
+    if s.max_tokens is not None and s.max_tokens < 1:
+        raise InvalidRequest(
+            f"max_tokens must be at least 1, got {s.max_tokens}", param="max_tokens"
+        )
+    for name, value in (
+        ("presence_penalty", s.presence_penalty),
+        ("frequency_penalty", s.frequency_penalty),
+    ):
+        if value is not None and not -2.0 <= value <= 2.0:
+            raise InvalidRequest(f"{name} must be between -2 and 2, got {value}", param=name)
+    if not 0 <= s.top_logprobs <= MAX_TOP_LOGPROBS:
+        raise InvalidRequest(
+            f"top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {s.top_logprobs}",
+            param="top_logprobs",
+        )
+    if s.top_logprobs and not s.logprobs:
+        raise InvalidRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
+    if any(not stop for stop in s.stop):
+        raise InvalidRequest("stop strings must not be empty", param="stop")
+
+
+def build_sequence(
+    request: EngineRequest, config: SimConfig, *, arrival: float, order: int
+) -> SimSequence:
+    """Validate ``request`` against ``config`` and build its sequence (WAITING, no KV)."""
+    if not request.request_id:
+        raise InvalidRequest("request_id must not be empty", param="request_id")
+    if request.model not in config.models:
+        raise ModelNotFound(
+            f"model {request.model!r} is not served here (served: {', '.join(config.models)})",
+            param="model",
+        )
+    if not request.messages:
+        raise InvalidRequest("messages must contain at least one message", param="messages")
+    for i, turn in enumerate(request.messages):
+        if turn.role not in ROLES:
+            raise InvalidRequest(
+                f"messages[{i}].role {turn.role!r} is not one of {', '.join(sorted(ROLES))}",
+                param="messages",
+            )
+    sampling = request.sampling
+    check_sampling(sampling)
+
+    prompt_text = render_chat(request.messages)
+    prompt_ids = tokenize(prompt_text)
+    limit = config.max_model_len
+    if len(prompt_ids) >= limit:
+        raise ContextLengthExceeded(
+            f"this model's maximum context length is {limit} tokens; the messages take "
+            f"{len(prompt_ids)} tokens, leaving no room for a completion",
+            param="messages",
+        )
+    room = limit - len(prompt_ids)
+    if sampling.max_tokens is not None and sampling.max_tokens > room:
+        raise ContextLengthExceeded(
+            f"this model's maximum context length is {limit} tokens; you requested "
+            f"{len(prompt_ids) + sampling.max_tokens} tokens ({len(prompt_ids)} in the messages, "
+            f"{sampling.max_tokens} in the completion)",
+            param="max_tokens",
+        )
+
+    if sampling.temperature == 0.0:
+        seed = seed_for("greedy", prompt_text)
+    elif sampling.seed is not None:
+        seed = seed_for("seed", sampling.seed, prompt_text)
+    else:
+        seed = seed_for("request", request.request_id)
+    natural_len = None
+    if not sampling.ignore_eos:
+        natural_len = random.Random(seed_for("length", seed)).randint(
+            config.output_len_min, config.output_len_max
+        )
+    return SimSequence(
+        request_id=request.request_id,
+        priority=request.priority,
+        arrival=arrival,
+        order=order,
+        prompt_ids=prompt_ids,
+        max_tokens=sampling.max_tokens if sampling.max_tokens is not None else room,
+        natural_len=natural_len,
+        stop=sampling.stop,
+        max_model_len=limit,
+        generator=TextGenerator(seed),
+        logprobs=sampling.logprobs,
+        top_logprobs=sampling.top_logprobs,
+    )
