@@ -12,14 +12,16 @@ Contract every engine keeps:
 - it yields one :class:`EngineOutput` per step with the text delta; the last output has
   ``finish_reason`` set and final usage and timings;
 - cancelling the task that iterates ``generate`` aborts the request inside the engine at once
-  (no tokens are generated for nobody); ``abort(request_id)`` does the same explicitly;
+  (no tokens are generated for nobody), and so does closing the generator (callers iterate
+  it inside ``contextlib.aclosing`` so that happens at once, not at garbage collection);
+  ``abort(request_id)`` does the same explicitly;
 - ``load()`` is cheap and synchronous: it is read for every load report.
 """
 
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -135,6 +137,6 @@ class Engine(Protocol):
 
     def load(self) -> EngineLoad: ...
 
-    def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]: ...
+    def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]: ...
 
     async def abort(self, request_id: str) -> None: ...

@@ -93,11 +93,12 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         completion_tokens = 0
         finish = "cancelled"
         try:
-            async for out in self._engine.generate(engine_request):
-                completion_tokens = out.completion_tokens
-                if out.finish_reason is not None:
-                    finish = out.finish_reason.value
-                yield convert.chunk_to_pb(out)
+            async with contextlib.aclosing(self._engine.generate(engine_request)) as outputs:
+                async for out in outputs:
+                    completion_tokens = out.completion_tokens
+                    if out.finish_reason is not None:
+                        finish = out.finish_reason.value
+                    yield convert.chunk_to_pb(out)
         except MeridianError as err:
             finish = "error"
             await abort_with(context, err)

@@ -23,7 +23,7 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
 from services.common.clock import SYSTEM_CLOCK, Clock
@@ -150,7 +150,7 @@ class SimEngine:
 
     # -- requests -----------------------------------------------------------------------------
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         """Stream ``request``'s outputs. Raises before the first output for a request that can
         never succeed, and ``Unavailable`` while the model is not ready."""
         if self._state is not ModelState.READY:

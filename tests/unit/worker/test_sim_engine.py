@@ -108,7 +108,7 @@ async def test_leaving_the_stream_early_aborts_the_request(engine: SimEngine) ->
     stream = engine.generate(req("a", ignore_eos=True, max_tokens=5000))
     async for _ in stream:
         break
-    await stream.aclose()  # type: ignore[attr-defined]
+    await stream.aclose()
     assert engine.load().running == 0
     assert engine.load().kv_cache_usage == 0.0
 
@@ -200,7 +200,7 @@ async def test_a_consumer_cancelled_between_reads_aborts_via_aclosing(engine: Si
 
     async def serve() -> None:
         stream = engine.generate(req("a", ignore_eos=True, max_tokens=5000))
-        async with contextlib.aclosing(stream):  # type: ignore[type-var]
+        async with contextlib.aclosing(stream):
             async for _ in stream:
                 reading.set()
                 await asyncio.Event().wait()  # a write that never completes

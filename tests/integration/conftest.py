@@ -1,0 +1,90 @@
+"""A three-region stack in the test's event loop: simulated workers behind real delay proxies,
+a router watching the proxied addresses, and the edge — all over real sockets."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import pytest
+
+from services.netem.config import LinkProfile, Route
+from services.netem.proxy import DelayProxy
+from services.worker.sim import SimConfig, SimEngine
+from tests.support.inproc import (
+    RunningEdge,
+    RunningRouter,
+    RunningWorker,
+    start_edge,
+    start_router,
+    start_worker,
+)
+
+MODEL = "meridian-sim"
+# One-way delays; the router measures twice these as RTT.
+REGIONS = {"kr": 2.0, "jp": 15.0, "us": 40.0}
+
+
+def sim_config(**over: object) -> SimConfig:
+    base: dict[str, object] = {
+        "models": [MODEL],
+        "time_scale": 0.2,
+        "output_len_min": 8,
+        "output_len_max": 24,
+    }
+    base.update(over)
+    return SimConfig.from_mapping(base)
+
+
+@dataclass
+class Stack:
+    workers: dict[str, RunningWorker]
+    proxies: dict[str, DelayProxy]
+    router: RunningRouter
+    edge: RunningEdge
+    key: str
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.edge.url}/v1"
+
+
+async def start_stack(redis_url: str, **sim: object) -> Stack:
+    workers: dict[str, RunningWorker] = {}
+    proxies: dict[str, DelayProxy] = {}
+    for region, one_way_ms in REGIONS.items():
+        name = f"{region}-1"
+        w = await start_worker(SimEngine(sim_config(**sim)), worker_id=name, region=region)
+        host, port = w.address.rsplit(":", 1)
+        proxy = DelayProxy(
+            Route(
+                name=name,
+                upstream_host=host,
+                upstream_port=int(port),
+                link=LinkProfile(delay_ms=one_way_ms),
+            )
+        )
+        await proxy.start()
+        workers[name] = w
+        proxies[name] = proxy
+    router = await start_router([f"{p.host}:{p.port}" for p in proxies.values()])
+    await router.wait_healthy(len(workers))
+    edge = await start_edge(redis_url=redis_url, router_address=router.address)
+    key = await edge.new_key("acme")
+    return Stack(workers, proxies, router, edge, key)
+
+
+async def stop_stack(stack: Stack) -> None:
+    await stack.edge.stop()
+    await stack.router.stop()
+    for proxy in stack.proxies.values():
+        await proxy.close()
+    for w in stack.workers.values():
+        await w.stop()
+
+
+@pytest.fixture
+async def stack(redis_url: str) -> AsyncIterator[Stack]:
+    s = await start_stack(redis_url)
+    yield s
+    await stop_stack(s)

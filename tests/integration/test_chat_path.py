@@ -1,0 +1,191 @@
+"""The whole path with the official OpenAI SDK: edge → router → worker, over real sockets."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import aiohttp
+import openai
+import pytest
+
+from tests.integration.conftest import MODEL, Stack
+
+
+def client(stack: Stack, key: str | None = None) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=stack.base_url, api_key=key or stack.key, max_retries=0)
+
+
+async def test_non_streaming_completion_has_text_usage_and_routing_headers(stack: Stack) -> None:
+    raw = await client(stack).chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hello there"}], max_tokens=5
+    )
+    completion = raw.parse()
+    assert completion.object == "chat.completion"
+    assert completion.id.startswith("chatcmpl-")
+    assert completion.choices[0].message.role == "assistant"
+    assert completion.choices[0].message.content
+    assert completion.choices[0].finish_reason == "length"
+    assert completion.usage is not None
+    assert completion.usage.completion_tokens == 5
+    assert completion.usage.prompt_tokens > 0
+    assert raw.headers["x-meridian-region"] == "kr"  # nearest, all idle
+    assert raw.headers["x-request-id"] == completion.id
+
+
+async def test_streaming_completion_arrives_as_openai_chunks(stack: Stack) -> None:
+    stream = await client(stack).chat.completions.create(
+        model=MODEL,
+        messages=[{"role": "user", "content": "Stream please"}],
+        max_tokens=6,
+        stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = [c async for c in stream]
+    assert chunks[0].choices[0].delta.role == "assistant"
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+    assert finishes[-1] == "length"
+    assert chunks[-1].choices == []
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 6
+    assert len({c.id for c in chunks}) == 1
+
+
+async def test_raw_sse_ends_with_done(stack: Stack) -> None:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{stack.base_url}/chat/completions",
+            headers={"Authorization": f"Bearer {stack.key}"},
+            json={"model": MODEL, "messages": [{"role": "user", "content": "x"}],
+                  "stream": True, "max_tokens": 3},
+        ) as resp,
+    ):
+        assert resp.status == 200
+        assert resp.headers["Content-Type"].startswith("text/event-stream")
+        body = (await resp.read()).decode()
+    frames = [f for f in body.split("\n\n") if f]
+    assert frames[-1] == "data: [DONE]"
+    for frame in frames[:-1]:
+        assert frame.startswith("data: ")
+        json.loads(frame[6:])
+
+
+async def test_same_seed_gives_same_text(stack: Stack) -> None:
+    async def once() -> str:
+        c = await client(stack).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "seeded"}], seed=42, max_tokens=12
+        )
+        return c.choices[0].message.content or ""
+
+    assert await once() == await once()
+
+
+async def test_models_are_listed(stack: Stack) -> None:
+    models = await client(stack).models.list()
+    assert [m.id for m in models.data] == [MODEL]
+
+
+async def test_wrong_key_is_an_authentication_error(stack: Stack) -> None:
+    with pytest.raises(openai.AuthenticationError):
+        await client(stack, key="mk-" + "x" * 43).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}]
+        )
+    with pytest.raises(openai.AuthenticationError):
+        await client(stack, key="sk-not-ours").models.list()
+
+
+async def test_malformed_request_names_the_field(stack: Stack) -> None:
+    with pytest.raises(openai.BadRequestError) as exc:
+        await client(stack).chat.completions.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], temperature=7
+        )
+    assert "temperature" in str(exc.value)
+    assert exc.value.body["param"] == "temperature"  # type: ignore[index]
+
+
+async def test_unknown_model_is_not_found(stack: Stack) -> None:
+    with pytest.raises(openai.NotFoundError) as exc:
+        await client(stack).chat.completions.create(
+            model="gpt-nope", messages=[{"role": "user", "content": "hi"}]
+        )
+    assert exc.value.body["code"] == "model_not_found"  # type: ignore[index]
+
+
+@pytest.mark.parametrize(
+    ("body", "status", "param"),
+    [
+        (b"{", 400, None),
+        (b'{"model": "m"}', 400, "messages"),
+        (b'{"model": "m", "messages": [{"role": "user", "content": 5}]}', 400,
+         "messages[0].content"),
+        (b"\xff", 400, None),
+    ],
+)
+async def test_bad_bodies_get_openai_errors(
+    stack: Stack, body: bytes, status: int, param: str | None
+) -> None:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{stack.base_url}/chat/completions",
+            headers={"Authorization": f"Bearer {stack.key}", "Content-Type": "application/json"},
+            data=body,
+        ) as resp,
+    ):
+        assert resp.status == status
+        err = (await resp.json())["error"]
+        assert set(err) == {"message", "type", "param", "code"}
+        assert err["param"] == param
+
+
+async def test_oversized_body_is_413(stack: Stack) -> None:
+    big = json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "x" * (2 * 1024 * 1024)}]}
+    )
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{stack.base_url}/chat/completions",
+            headers={"Authorization": f"Bearer {stack.key}"},
+            data=big,
+        ) as resp,
+    ):
+        assert resp.status == 413
+        assert (await resp.json())["error"]["code"] == "payload_too_large"
+
+
+async def test_unknown_path_is_an_openai_404(stack: Stack) -> None:
+    async with aiohttp.ClientSession() as http, http.get(f"{stack.base_url}/nope") as resp:
+        assert resp.status == 404
+        assert "error" in await resp.json()
+
+
+async def test_health_and_readiness(stack: Stack) -> None:
+    async with aiohttp.ClientSession() as http:
+        async with http.get(f"{stack.edge.url}/healthz") as resp:
+            assert resp.status == 200
+        async with http.get(f"{stack.edge.url}/readyz") as resp:
+            assert resp.status == 200
+            assert (await resp.json())["checks"] == {"redis": True, "router": True}
+
+
+async def test_client_disconnect_aborts_the_generation_on_the_worker(stack: Stack) -> None:
+    kr = stack.workers["kr-1"]
+    async with aiohttp.ClientSession() as http:
+        resp = await http.post(
+            f"{stack.base_url}/chat/completions",
+            headers={"Authorization": f"Bearer {stack.key}"},
+            json={"model": MODEL, "messages": [{"role": "user", "content": "long"}],
+                  "stream": True, "max_tokens": 5000, "ignore_eos": True},
+        )
+        await resp.content.readuntil(b"\n\n")  # first chunk arrived
+        assert kr.engine.load().running == 1
+        resp.close()  # the client goes away
+    deadline = asyncio.get_running_loop().time() + 2.0
+    while kr.engine.load().running and asyncio.get_running_loop().time() < deadline:
+        await asyncio.sleep(0.01)
+    assert kr.engine.load().running == 0
+    assert kr.service.inflight == 0

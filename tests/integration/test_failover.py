@@ -1,0 +1,101 @@
+"""Degraded paths on the real in-loop stack: dead workers, draining workers, busy regions."""
+
+from __future__ import annotations
+
+import asyncio
+
+import openai
+
+from meridian.v1 import router_pb2
+from services.common.grpcutil import insecure_channel
+from meridian.v1 import router_pb2_grpc
+from services.netem.proxy import CutMode
+from tests.integration.conftest import MODEL, Stack
+
+
+def client(stack: Stack) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=stack.base_url, api_key=stack.key, max_retries=0)
+
+
+async def ask(stack: Stack) -> tuple[str, int]:
+    raw = await client(stack).chat.completions.with_raw_response.create(
+        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3
+    )
+    raw.parse()
+    return raw.headers["x-meridian-region"], int(raw.headers["x-meridian-attempts"])
+
+
+async def test_a_dead_worker_is_skipped_before_the_router_notices(stack: Stack) -> None:
+    # Cut kr's network: the router still lists kr first for a moment; the edge fails over.
+    stack.proxies["kr-1"].cut(CutMode.REFUSE)
+    region, attempts = await ask(stack)
+    assert region != "kr"
+    assert attempts in (1, 2)  # 2 if the router had not noticed yet
+
+
+async def test_a_dead_worker_leaves_the_view_within_a_second(stack: Stack) -> None:
+    await stack.workers["kr-1"].server.stop(0)  # the process "dies"
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    while True:
+        snaps = {s.worker_id: s for s in stack.router.registry.snapshots(loop.time())}
+        if not snaps["kr-1"].healthy:
+            break
+        assert loop.time() - start < 1.0, "kr-1 still healthy after 1 s"
+        await asyncio.sleep(0.01)
+    for _ in range(5):
+        region, _ = await ask(stack)
+        assert region in ("jp", "us")
+
+
+async def test_a_draining_worker_gets_no_new_traffic(stack: Stack) -> None:
+    drain = asyncio.create_task(stack.workers["kr-1"].service.drain(grace_s=5.0))
+    await asyncio.sleep(0.2)  # a load report or two
+    for _ in range(3):
+        region, _ = await ask(stack)
+        assert region != "kr"
+    await drain
+
+
+async def test_route_explanation_changes_when_the_near_region_is_flooded(stack: Stack) -> None:
+    channel = insecure_channel(stack.router.address)
+    stub = router_pb2_grpc.RouterStub(channel)
+    req = router_pb2.RouteRequest(request_id="probe", model=MODEL, explain=True)
+    calm = await stub.Route(req)
+    assert calm.candidates[0].region == "kr"
+    assert {c.signal for c in calm.candidates[0].contributions}
+
+    # Flood kr with long generations straight at the worker.
+    kr = stack.workers["kr-1"]
+    flood = [
+        asyncio.create_task(_drain_stream(kr.address, i)) for i in range(64)
+    ]
+    try:
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + 5.0
+        busy = calm
+        while loop.time() < deadline:
+            busy = await stub.Route(req)
+            if busy.candidates[0].region != "kr":
+                break
+            await asyncio.sleep(0.05)
+        assert busy.candidates[0].region != "kr", busy.explanation
+        assert busy.explanation
+    finally:
+        for t in flood:
+            t.cancel()
+        await asyncio.gather(*flood, return_exceptions=True)
+        await channel.close()
+
+
+async def _drain_stream(address: str, i: int) -> None:
+    from meridian.v1 import worker_pb2, worker_pb2_grpc
+
+    async with insecure_channel(address) as ch:
+        stub = worker_pb2_grpc.WorkerStub(ch)
+        req = worker_pb2.GenerateRequest(request_id=f"flood-{i}", model=MODEL)
+        req.messages.add(role="user", content="flood " * 200)
+        req.sampling.max_tokens = 4000
+        req.sampling.ignore_eos = True
+        async for _ in stub.Generate(req):
+            pass

@@ -1,0 +1,167 @@
+"""Real services in the test's own event loop: gRPC servers and the aiohttp edge listening on
+free ports on 127.0.0.1, talking over real sockets. Cheaper than processes on a 2-core
+machine; the e2e tests start real processes instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+import redis.asyncio as aioredis
+from aiohttp import web
+
+from meridian.v1 import router_pb2_grpc, worker_pb2_grpc
+from services.common.clock import SYSTEM_CLOCK
+from services.common.grpcutil import Health, new_server
+from services.edge.apikeys import ApiKeyStore
+from services.edge.app import EdgeDeps, build_app
+from services.edge.failover import FailoverPolicy
+from services.edge.upstream import RouterClient, WorkerPool
+from services.router.discovery import StaticDiscovery
+from services.router.registry import RegistryConfig, WorkerRegistry
+from services.router.scheduling.profile import load_profile
+from services.router.service import RouterService, Scheduler
+from services.worker.engine import Engine
+from services.worker.service import WorkerService
+
+REPO = Path(__file__).resolve().parents[2]
+DEFAULT_PROFILE = REPO / "deploy/router/profiles/default.yaml"
+
+
+@dataclass
+class RunningWorker:
+    engine: Engine
+    service: WorkerService
+    server: grpc.aio.Server
+    address: str
+    worker_id: str
+    region: str
+
+    async def stop(self, grace_s: float = 0.0) -> None:
+        await self.server.stop(grace_s)
+        await self.engine.shutdown()
+
+
+async def start_worker(
+    engine: Engine, *, worker_id: str, region: str, report_interval_s: float = 0.05
+) -> RunningWorker:
+    service = WorkerService(
+        engine=engine, worker_id=worker_id, region=region, report_interval_s=report_interval_s
+    )
+    server = new_server()
+    worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
+    health = Health(["meridian.v1.Worker"])
+    health.add_to(server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    await engine.start()
+    service.notify_state_change()
+    await health.set_serving(True)
+    return RunningWorker(engine, service, server, f"127.0.0.1:{port}", worker_id, region)
+
+
+@dataclass
+class RunningRouter:
+    server: grpc.aio.Server
+    registry: WorkerRegistry
+    discovery: StaticDiscovery
+    address: str
+
+    async def stop(self) -> None:
+        await self.server.stop(0)
+        await self.discovery.stop()
+
+    async def wait_healthy(self, n: int, timeout_s: float = 10.0) -> None:
+        """Until ``n`` workers are healthy in the router's view."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout_s
+        while True:
+            healthy = [s for s in self.registry.snapshots(SYSTEM_CLOCK.monotonic()) if s.healthy]
+            if len(healthy) >= n and all(s.rtt_ms is not None for s in healthy):
+                return
+            if loop.time() > deadline:
+                raise TimeoutError(f"only {len(healthy)} of {n} workers healthy")
+            await asyncio.sleep(0.02)
+
+
+async def start_router(
+    worker_addresses: Sequence[str],
+    *,
+    scheduler: Scheduler | None = None,
+    stale_after_s: float = 0.5,
+    report_interval_ms: int = 50,
+    site: str = "test",
+) -> RunningRouter:
+    registry = WorkerRegistry(RegistryConfig(stale_after_s=stale_after_s))
+    discovery = StaticDiscovery(
+        registry=registry,
+        clock=SYSTEM_CLOCK,
+        addresses=list(worker_addresses),
+        report_interval_ms=report_interval_ms,
+    )
+    service = RouterService(
+        registry=registry,
+        scheduler=scheduler or load_profile(DEFAULT_PROFILE),
+        clock=SYSTEM_CLOCK,
+        site=site,
+    )
+    server = new_server()
+    router_pb2_grpc.add_RouterServicer_to_server(service, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    discovery.start()
+    return RunningRouter(server, registry, discovery, f"127.0.0.1:{port}")
+
+
+@dataclass
+class RunningEdge:
+    runner: web.AppRunner
+    url: str
+    deps: EdgeDeps
+    redis: aioredis.Redis
+
+    async def new_key(self, tenant: str = "t1") -> str:
+        raw, _ = await self.deps.keys.create(tenant)
+        return raw
+
+    async def stop(self) -> None:
+        await self.runner.cleanup()
+        await self.deps.workers.close()
+        await self.deps.router.close()
+        await self.redis.aclose()
+
+
+async def start_edge(
+    *,
+    redis_url: str,
+    router_address: str,
+    policy: FailoverPolicy | None = None,
+    keepalive_after_s: float = 3.0,
+    max_body_bytes: int = 1024 * 1024,
+) -> RunningEdge:
+    redis = aioredis.Redis.from_url(redis_url)
+    deps = EdgeDeps(
+        redis=redis,
+        keys=ApiKeyStore(redis=redis, clock=SYSTEM_CLOCK),
+        router=RouterClient(router_address),
+        workers=WorkerPool(),
+        site="test",
+        policy=policy or FailoverPolicy(first_token_timeout_s=10.0),
+        max_body_bytes=max_body_bytes,
+        keepalive_after_s=keepalive_after_s,
+    )
+    runner = web.AppRunner(build_app(deps), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    return RunningEdge(runner, f"http://127.0.0.1:{port}", deps, redis)
+
+
+async def stop_all(*things: RunningWorker | RunningRouter | RunningEdge) -> None:
+    for thing in things:
+        await thing.stop()
