@@ -145,15 +145,15 @@ def parse_route(text: str) -> Route:
         )
     if not _NAME_RE.match(name):
         raise InvalidRequest(
-            f"route: name must match {_NAME_RE.pattern}, got {name!r}", param="route.name"
+            f"route.name must match {_NAME_RE.pattern}, got {name!r}", param="route.name"
         )
-    listen_text, sep, rest = rest.partition("=")
+    addresses, _, options_text = rest.partition(",")
+    listen_text, sep, upstream_text = addresses.partition("=")
     if not sep:
         raise InvalidRequest(
-            f"route[{name}]: missing '=UPSTREAM_HOST:UPSTREAM_PORT' in {text!r}",
+            f"route[{name}].upstream: missing '=UPSTREAM_HOST:UPSTREAM_PORT' in {text!r}",
             param=f"route[{name}].upstream",
         )
-    upstream_text, _, options_text = rest.partition(",")
     listen_host, listen_port_text = _split_host_port(listen_text, "listen", name)
     upstream_host, upstream_port_text = _split_host_port(upstream_text, "upstream", name)
 
