@@ -25,6 +25,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from services.common.clock import SYSTEM_CLOCK, Clock
 from services.netem.link import LinkSchedule
 
 READ_CHUNK_BYTES = 64 * 1024
@@ -82,7 +83,9 @@ class Pipe:
 
     ``gate`` is the proxy's "link is up" event: while it is clear (a cut in stall mode) nothing
     is written, and the bytes wait as they would in a real partition. ``on_bytes`` is told how
-    many bytes were delivered (the proxy's counters).
+    many bytes were delivered (the proxy's counters). ``clock`` timestamps chunks and decides
+    when they are due; the event loop's own clock is not used because its timers may fire
+    early by up to its resolution, and the delay must be a floor.
     """
 
     def __init__(
@@ -94,7 +97,9 @@ class Pipe:
         gate: asyncio.Event,
         on_bytes: Callable[[int], None],
         max_in_flight_bytes: int,
+        clock: Clock = SYSTEM_CLOCK,
     ) -> None:
+        self._clock = clock
         self._source = source
         self._sink = sink
         self._schedule = schedule
@@ -120,23 +125,25 @@ class Pipe:
 
     async def _read(self) -> PipeEnd | None:
         """Queue chunks until EOF (queued as ``b""``); ``RESET`` if the source failed."""
-        loop = asyncio.get_running_loop()
         while True:
             try:
                 data = await self._source.read(READ_CHUNK_BYTES)
             except OSError:
                 return PipeEnd.RESET
-            await self._queue.put(_Item(release=self._schedule.release_at(loop.time()), data=data))
+            release = self._schedule.release_at(self._clock.monotonic())
+            await self._queue.put(_Item(release=release, data=data))
             if not data:
                 return None
 
     async def _write(self) -> PipeEnd:
-        loop = asyncio.get_running_loop()
+        clock = self._clock
         while True:
             head = await self._queue.peek()
-            wait = head.release - loop.time()
-            if wait > 0:
-                await asyncio.sleep(wait)
+            # Waiting on time, not on a condition an Event could signal: re-check after waking,
+            # because a loop's timers may fire up to a millisecond early (uvloop keeps time in
+            # whole milliseconds) and the delay is a floor. The 1 ms minimum avoids spinning.
+            while (wait := head.release - clock.monotonic()) > 0:  # noqa: ASYNC110
+                await asyncio.sleep(max(wait, 0.001))
             if not self._gate.is_set():
                 await self._gate.wait()
             sent = 0
@@ -145,7 +152,7 @@ class Pipe:
                 self._sink.write(item.data)
                 sent += len(item.data)
                 await self._queue.pop()
-                item = self._queue.head_due(loop.time())
+                item = self._queue.head_due(clock.monotonic())
             try:
                 if sent:
                     await self._sink.drain()

@@ -71,21 +71,30 @@ class ProxyStats:
 def _reset(writer: asyncio.StreamWriter) -> None:
     """Close with an RST (SO_LINGER 0), so the peer sees ECONNRESET rather than a clean EOF."""
     sock = writer.get_extra_info("socket")
-    if sock is not None:
+    if sock is not None and sock.fileno() != -1:  # -1: already closed
         with contextlib.suppress(OSError):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
     writer.transport.abort()
 
 
-async def _close(writer: asyncio.StreamWriter) -> None:
-    """Close after flushing; abort a peer that will not take the last bytes within the grace."""
-    writer.close()
+async def _close(*writers: asyncio.StreamWriter) -> None:
+    """Close after flushing; abort any peer that will not take the last bytes within the grace
+    period, or all of them if we are cancelled meanwhile. ``close()`` is called before the first
+    await, so a cancellation can never leave a socket open."""
+    for writer in writers:
+        writer.close()
+    flushed = False
     try:
-        await asyncio.wait_for(writer.wait_closed(), _CLOSE_GRACE_S)
+        async with asyncio.timeout(_CLOSE_GRACE_S):
+            # A peer that vanished while we flushed makes wait_closed raise: closed either way.
+            await asyncio.gather(*(w.wait_closed() for w in writers), return_exceptions=True)
+        flushed = True
     except TimeoutError:
-        writer.transport.abort()
-    except OSError:
-        pass  # the peer went away while we flushed: closed either way
+        pass
+    finally:
+        if not flushed:
+            for writer in writers:
+                writer.transport.abort()
 
 
 @dataclass(eq=False, slots=True)
@@ -385,13 +394,15 @@ class DelayProxy:
                 if any(t.result() is PipeEnd.RESET for t in done):
                     outcome = PipeEnd.RESET
         finally:
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
-            if outcome is PipeEnd.RESET or pending:
+            # Sockets are dealt with before the first await: a second cancellation (``close``
+            # racing this cleanup) must not leave one open.
+            if outcome is PipeEnd.EOF and not pending:
+                await _close(conn.client, up_w)  # both sides half-closed: a clean close
+            else:
                 # A reset on either side, or we were cancelled (cut or close): drop both.
                 _reset(conn.client)
                 _reset(up_w)
-            else:
-                await asyncio.gather(_close(conn.client), _close(up_w))
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
         return outcome

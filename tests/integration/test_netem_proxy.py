@@ -24,6 +24,7 @@ from services.netem.proxy import CutMode, DelayProxy
 Handler = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 SILENCE_S = 0.4  # how long "no data comes back" is watched for
+CLEAN_LINK = LinkProfile()
 
 
 async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
@@ -41,17 +42,32 @@ async def echo(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
 
 @contextlib.asynccontextmanager
 async def upstream(handler: Handler = echo) -> AsyncIterator[int]:
-    server = await asyncio.start_server(handler, "127.0.0.1", 0)
+    """Serve ``handler`` on a free port; on exit, end every connection it still has (Python
+    3.11's ``Server.wait_closed`` does not wait for them)."""
+    live: dict[asyncio.StreamWriter, asyncio.Future[None]] = {}
+
+    async def tracked(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        live[writer] = asyncio.get_running_loop().create_future()
+        try:
+            await handler(reader, writer)
+        finally:
+            writer.close()
+            live.pop(writer).set_result(None)
+
+    server = await asyncio.start_server(tracked, "127.0.0.1", 0)
     try:
         yield server.sockets[0].getsockname()[1]
     finally:
         server.close()
+        for writer in list(live):
+            writer.transport.abort()  # the handler's next read ends; it returns normally
+        await asyncio.gather(*live.values())
         await server.wait_closed()
 
 
 @contextlib.asynccontextmanager
 async def proxied(
-    link: LinkProfile = LinkProfile(), handler: Handler = echo, **proxy_kwargs: int
+    link: LinkProfile = CLEAN_LINK, handler: Handler = echo, **proxy_kwargs: int
 ) -> AsyncIterator[DelayProxy]:
     async with upstream(handler) as port:
         route = Route(name="test", upstream_host="127.0.0.1", upstream_port=port, link=link)
@@ -74,10 +90,10 @@ async def round_trip(
     return time.monotonic() - start
 
 
-async def connection_ends(reader: asyncio.StreamReader, timeout: float = 5) -> bool:
+async def connection_ends(reader: asyncio.StreamReader, within_s: float = 5) -> bool:
     """True when the peer closed or reset the connection (EOF or a reset error)."""
     try:
-        data = await asyncio.wait_for(reader.read(65536), timeout)
+        data = await asyncio.wait_for(reader.read(65536), within_s)
     except ConnectionError:
         return True
     return data == b""
@@ -153,7 +169,7 @@ async def test_jitter_and_stalls_never_reorder_a_large_transfer() -> None:
                 await writer.drain()
             writer.write_eof()
 
-        sent, got = await asyncio.wait_for(asyncio.gather(send(), reader.read()), 60)
+        _, got = await asyncio.wait_for(asyncio.gather(send(), reader.read()), 60)
         writer.close()
     assert hashlib.sha256(got).digest() == hashlib.sha256(payload).digest()
     assert proxy.stats().stalls > 0  # the stalls really happened along the way
@@ -274,7 +290,7 @@ async def test_client_reset_reaches_the_upstream() -> None:
     ended = asyncio.get_running_loop().create_future()
 
     async def watcher(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        ended.set_result(await connection_ends(reader, timeout=30))
+        ended.set_result(await connection_ends(reader, within_s=30))
         writer.close()
 
     async with proxied(LinkProfile(delay_ms=10), handler=watcher) as proxy:
@@ -339,7 +355,7 @@ async def test_refuse_cut_resets_existing_connections_and_refuses_new_ones() -> 
         reader, writer = await connect(proxy)
         await round_trip(reader, writer)
         proxy.cut(CutMode.REFUSE)
-        assert proxy.cut_mode is CutMode.REFUSE
+        mode_while_cut = proxy.cut_mode
         assert await connection_ends(reader)
         writer.close()
 
@@ -349,7 +365,7 @@ async def test_refuse_cut_resets_existing_connections_and_refuses_new_ones() -> 
         assert proxy.stats().connections_refused == 1
 
         proxy.restore()
-        assert proxy.cut_mode is None
+        assert (mode_while_cut, proxy.cut_mode) == (CutMode.REFUSE, None)
         healed = await connect(proxy)
         await round_trip(*healed)
         healed[1].close()
