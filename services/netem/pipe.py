@@ -146,6 +146,8 @@ class Pipe:
                 await asyncio.sleep(max(wait, 0.001))
             if not self._gate.is_set():
                 await self._gate.wait()
+            if self._sink.transport.is_closing():
+                return PipeEnd.RESET  # the destination went away (uvloop refuses the write)
             sent = 0
             item: _Item | None = head
             while item is not None and item.data:

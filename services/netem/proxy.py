@@ -164,13 +164,15 @@ class DelayProxy:
         )
 
     async def close(self) -> None:
-        """Stop listening and close every connection (in-flight bytes are dropped)."""
+        """Stop listening and reset every connection (in-flight bytes are dropped)."""
         if self._server is not None:
             self._server.close()
-        tasks = [conn.task for conn in self._conns if conn.task is not None]
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        conns = list(self._conns)
+        for conn in conns:
+            self._reset_conn(conn)
+        await asyncio.gather(
+            *(conn.task for conn in conns if conn.task is not None), return_exceptions=True
+        )
         if self._server is not None:
             await self._server.wait_closed()
             event(log, "netem.closed", route=self._route.name)
@@ -322,6 +324,16 @@ class DelayProxy:
             self._conns.discard(conn)
 
     async def _forward(self, conn: _Conn, client_r: asyncio.StreamReader) -> None:
+        try:
+            await self._hold_then_forward(conn, client_r)
+        finally:
+            # Whatever ended us (cancelled while held by a blackhole or while connecting
+            # upstream, included), no socket outlives the connection.
+            for writer in (conn.client, conn.upstream):
+                if writer is not None and not writer.transport.is_closing():
+                    _reset(writer)
+
+    async def _hold_then_forward(self, conn: _Conn, client_r: asyncio.StreamReader) -> None:
         route = self._route
         if self._cut is CutMode.BLACKHOLE:
             self._blackholed += 1

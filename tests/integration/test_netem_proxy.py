@@ -323,6 +323,18 @@ async def test_close_ends_live_connections() -> None:
         assert proxy.stats().connections_active == 0
 
 
+async def test_close_ends_connections_held_by_a_blackhole() -> None:
+    async with proxied() as proxy:
+        proxy.cut(CutMode.BLACKHOLE)
+        reader, writer = await connect(proxy)
+        writer.write(b"held")
+        assert await stays_silent(reader)
+        await proxy.close()
+        assert await connection_ends(reader)
+        writer.close()
+        assert proxy.stats().connections_total == 0  # never forwarded
+
+
 # -- counters -----------------------------------------------------------------------------
 
 
