@@ -79,7 +79,9 @@ def _check_host(host: str, param: str) -> None:
 class Route:
     """One proxied route: listen here, forward to upstream, impair with ``link``.
 
-    ``listen_port`` 0 asks the OS for a free port; the proxy reports the port it bound.
+    ``listen_port`` 0 asks the OS for a free port; the proxy reports the port it bound. Give
+    ``listen_host`` as an address: a name that resolves to several (``localhost``: 127.0.0.1
+    and ::1) is bound on each, on different free ports, and only the first is reported.
     """
 
     name: str
