@@ -16,12 +16,14 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from services.common.errors import InvalidRequest
 
 DEFAULT_RTO_MS = 200.0
 """Linux's minimum TCP retransmission timeout: what one lost segment costs a live stream."""
 
+_Num = TypeVar("_Num", int, float)
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 _LINK_KEYS = ("delay_ms", "jitter_ms", "loss", "rto_ms", "seed")
 
@@ -116,20 +118,13 @@ def _split_host_port(text: str, what: str, route: str) -> tuple[str, str]:
     return host, port
 
 
-def _parse_number(route: str, key: str, text: str) -> float:
+def _parse_value(route: str, key: str, text: str, kind: type[_Num]) -> _Num:
     try:
-        return float(text)
+        return kind(text)
     except ValueError:
         param = f"route[{route}].{key}"
-        raise InvalidRequest(f"{param}: not a number: {text!r}", param=param) from None
-
-
-def _parse_int(route: str, key: str, text: str) -> int:
-    try:
-        return int(text)
-    except ValueError:
-        param = f"route[{route}].{key}"
-        raise InvalidRequest(f"{param}: not an integer: {text!r}", param=param) from None
+        what = "an integer" if kind is int else "a number"
+        raise InvalidRequest(f"{param}: not {what}: {text!r}", param=param) from None
 
 
 def parse_route(text: str) -> Route:
@@ -181,18 +176,18 @@ def parse_route(text: str) -> Route:
 
     try:
         link = LinkProfile(
-            delay_ms=_parse_number(name, "delay_ms", options["delay_ms"]),
-            jitter_ms=_parse_number(name, "jitter_ms", options.get("jitter_ms", "0")),
-            loss=_parse_number(name, "loss", options.get("loss", "0")),
-            rto_ms=_parse_number(name, "rto_ms", options.get("rto_ms", str(DEFAULT_RTO_MS))),
-            seed=_parse_int(name, "seed", options.get("seed", "0")),
+            delay_ms=_parse_value(name, "delay_ms", options["delay_ms"], float),
+            jitter_ms=_parse_value(name, "jitter_ms", options.get("jitter_ms", "0"), float),
+            loss=_parse_value(name, "loss", options.get("loss", "0"), float),
+            rto_ms=_parse_value(name, "rto_ms", options.get("rto_ms", str(DEFAULT_RTO_MS)), float),
+            seed=_parse_value(name, "seed", options.get("seed", "0"), int),
         )
         return Route(
             name=name,
             listen_host=listen_host,
-            listen_port=_parse_int(name, "listen_port", listen_port_text),
+            listen_port=_parse_value(name, "listen_port", listen_port_text, int),
             upstream_host=upstream_host,
-            upstream_port=_parse_int(name, "upstream_port", upstream_port_text),
+            upstream_port=_parse_value(name, "upstream_port", upstream_port_text, int),
             link=link,
         )
     except InvalidRequest as err:
