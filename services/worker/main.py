@@ -116,15 +116,14 @@ async def serve(args: argparse.Namespace, engine: Engine, stop: asyncio.Event) -
 
     loading = asyncio.create_task(load_engine())
     stopping = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    if loading in done and loading.exception() is not None:
-        exc = loading.exception()
-        event(log, "worker.engine_failed", level=logging.ERROR, error=repr(exc))
+    await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
+    if not loading.done():
+        loading.cancel()  # stopped while the model was still loading
+    elif loading.exception() is not None:
+        # Keep serving FAILED in load reports (the router sees why) until told to stop.
+        event(log, "worker.engine_failed", level=logging.ERROR, error=repr(loading.exception()))
         service.notify_state_change()
-        await stop.wait()
-    elif loading not in done:
-        await stop.wait()
-        loading.cancel()
+    await stopping
     await health.set_serving(False)
     aborted = await service.drain(args.drain_grace_s)
     await health.shutdown()
