@@ -39,8 +39,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncIterator, Sequence
-from typing import Any
+from collections.abc import AsyncGenerator, Sequence
+from typing import TYPE_CHECKING, Any
 
 import jinja2
 from vllm import SamplingParams
@@ -55,6 +55,7 @@ from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.errors import InternalError, InvalidRequest, ModelNotFound, Unavailable
 from services.worker.engine import (
     ChatTurn,
+    Engine,
     EngineLoad,
     EngineOutput,
     EngineRequest,
@@ -142,13 +143,12 @@ class VllmEngine:
                 await self._warm_up(llm)
             except BaseException as err:
                 self._fail(f"warm-up request failed: {type(err).__name__}: {err}")
-                await asyncio.to_thread(llm.shutdown)
-                self._llm = None
+                await _stop_engine(llm)
                 raise
         if self._closing:
             # shutdown() was called while the engine was loading: do not come up.
             self._llm = None
-            await asyncio.to_thread(llm.shutdown)
+            await _stop_engine(llm)
             return
         self._state = ModelState.READY
         log.info("vLLM engine ready: %s (context %d)", self.config.name, self._max_model_len)
@@ -164,7 +164,7 @@ class VllmEngine:
         if self._in_flight:
             await llm.abort(list(self._in_flight))
         self._llm = None
-        await asyncio.to_thread(llm.shutdown)
+        await _stop_engine(llm)
 
     async def abort(self, request_id: str) -> None:
         """Abort one request; unknown or finished ids are ignored.
@@ -202,7 +202,7 @@ class VllmEngine:
 
     # -- requests ----------------------------------------------------------------------------
 
-    async def generate(self, request: EngineRequest) -> AsyncIterator[EngineOutput]:
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         llm = self._ready()
         if request.model != self.config.name:
             raise ModelNotFound(
@@ -272,13 +272,15 @@ class VllmEngine:
         request: EngineRequest,
         prompt_ids: list[int],
         params: SamplingParams,
-    ) -> AsyncIterator[EngineOutput]:
+    ) -> AsyncGenerator[EngineOutput, None]:
         assembler = OutputAssembler(
             prompt_tokens=len(prompt_ids),
             top_logprobs=request.sampling.top_logprobs,
             clock=self._clock,
         )
         priority = -request.priority if self.config.scheduling_policy == "priority" else 0
+        # Token ids go in as a TokensPrompt: accepted by every vLLM release; 0.32 logs once
+        # that it prefers the output of its new Renderer API, which older releases lack.
         stream = llm.generate(
             TokensPrompt(prompt_token_ids=prompt_ids),
             params,
@@ -347,7 +349,25 @@ def _build_engine(config: VllmConfig, stat_logger: StatLoggerFactory) -> AsyncLL
     return AsyncLLM.from_engine_args(args, stat_loggers=[stat_logger])
 
 
+async def _stop_engine(llm: AsyncLLM) -> None:
+    """Stop the engine core and its processes without blocking the event loop.
+
+    ``AsyncLLM.shutdown()`` blocks for seconds while the engine core exits, so it runs in a
+    thread. Its output handler task is cancelled first, on the loop: left running, it would
+    see the engine core vanish and log a spurious "output_handler failed: EngineDeadError".
+    """
+    handler = getattr(llm, "output_handler", None)
+    if isinstance(handler, asyncio.Task) and not handler.done():
+        handler.cancel()
+        await asyncio.gather(handler, return_exceptions=True)
+    await asyncio.to_thread(llm.shutdown)
+
+
 def _shutdown_when_built(build: asyncio.Future[Any]) -> None:
     """Stop an engine whose start was cancelled while it was being built."""
     if not build.cancelled() and build.exception() is None:
         build.result().shutdown()
+
+
+if TYPE_CHECKING:
+    _conforms: type[Engine] = VllmEngine  # mypy holds VllmEngine to the seam's protocol

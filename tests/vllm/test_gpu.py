@@ -38,13 +38,18 @@ def test_without_nvml_bindings_there_are_no_gpus() -> None:
 
 
 @pytest.mark.skipif(importlib.util.find_spec("pynvml") is None, reason="no NVML bindings")
-def test_with_nvml_every_gpu_reports_fractions() -> None:
+def test_with_nvml_bindings_gpus_report_fractions_or_none_without_a_driver() -> None:
     monitor = GpuMonitor(clock=ManualClock())
     try:
+        available = monitor.available
         stats = monitor.stats()
     finally:
         monitor.close()
 
+    if not available:  # bindings installed on a host without the NVIDIA driver
+        assert stats == ()
+        return
+    assert stats
     for stat in stats:
         assert 0.0 <= stat.utilization <= 1.0
         assert 0.0 <= stat.memory_used_fraction <= 1.0

@@ -161,11 +161,12 @@ async def test_same_seed_gives_the_same_tokens(engine: VllmEngine) -> None:
         token_ids(
             await run(engine, chat(temperature=1.0, seed=seed, max_tokens=16, ignore_eos=True))
         )
-        for seed in (1234, 1234, 99)
+        for seed in (1234, 1234, 99, -(2**63), -(2**63))
     ]
 
     assert sampled[0] == sampled[1]
     assert sampled[0] != sampled[2]
+    assert sampled[3] == sampled[4]  # the whole int64 range is a valid seed
 
 
 async def test_logprobs_list_the_chosen_token_and_the_top_alternatives(
