@@ -75,4 +75,29 @@ def _build_sim(args: argparse.Namespace) -> Engine:
 
 
 def _build_vllm(args: argparse.Namespace) -> Engine:
-    raise EngineConfigError("the vllm engine is not wired yet")
+    # vllm_config does not import vllm: flags are checked before the 3.5 GB import.
+    from services.worker.vllm_config import VllmConfig
+
+    if not args.model:
+        raise EngineConfigError("--model is required with --engine vllm (a folder or HF name)")
+    options: dict[str, Any] = {
+        "max_model_len": args.max_model_len,
+        "max_num_seqs": args.max_num_seqs,
+        "gpu_memory_utilization": args.gpu_memory_utilization,
+        "scheduling_policy": args.scheduling_policy,
+    }
+    try:
+        config = VllmConfig(
+            model=args.model,
+            served_model_name=args.served_model_name,
+            dtype=args.dtype,
+            tensor_parallel_size=args.tensor_parallel_size,
+            enforce_eager=args.enforce_eager,
+            enable_prefix_caching=not args.no_prefix_caching,
+            **{k: v for k, v in options.items() if v is not None},
+        )
+    except ValueError as err:
+        raise EngineConfigError(f"vllm engine: {err}") from None
+    from services.worker.vllm_engine import VllmEngine
+
+    return VllmEngine(config)

@@ -79,6 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--gpu-memory-utilization", type=_positive_float)
     v.add_argument("--tensor-parallel-size", type=int, default=1)
     v.add_argument("--enforce-eager", action="store_true")
+    v.add_argument("--no-prefix-caching", action="store_true")
+    v.add_argument("--scheduling-policy", choices=["fcfs", "priority"])
     s = p.add_argument_group("sim engine")
     s.add_argument("--sim-config", type=Path, help="YAML file of SimConfig fields")
     s.add_argument(

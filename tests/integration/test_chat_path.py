@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 
 import aiohttp
@@ -10,6 +9,7 @@ import openai
 import pytest
 
 from tests.integration.conftest import MODEL, Stack
+from tests.support.wait import eventually
 
 
 def client(stack: Stack, key: str | None = None) -> openai.AsyncOpenAI:
@@ -184,8 +184,5 @@ async def test_client_disconnect_aborts_the_generation_on_the_worker(stack: Stac
         await resp.content.readuntil(b"\n\n")  # first chunk arrived
         assert kr.engine.load().running == 1
         resp.close()  # the client goes away
-    deadline = asyncio.get_running_loop().time() + 2.0
-    while kr.engine.load().running and asyncio.get_running_loop().time() < deadline:
-        await asyncio.sleep(0.01)
-    assert kr.engine.load().running == 0
+    await eventually(lambda: kr.engine.load().running == 0, timeout_s=2.0)
     assert kr.service.inflight == 0

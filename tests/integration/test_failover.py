@@ -6,9 +6,8 @@ import asyncio
 
 import openai
 
-from meridian.v1 import router_pb2
+from meridian.v1 import router_pb2, router_pb2_grpc
 from services.common.grpcutil import insecure_channel
-from meridian.v1 import router_pb2_grpc
 from services.netem.proxy import CutMode
 from tests.integration.conftest import MODEL, Stack
 
