@@ -88,13 +88,13 @@ def classify_empty(
     unavailable_retry_after_s: float | None,
 ) -> tuple[NoCandidate, float | None]:
     """Why nothing is left, and when to retry (``None``: retrying will not help)."""
-    listing = [w for w in workers if w.model(query.model) is not None]
-    if not listing:
+    model = query.model
+    if not any(w.model(model) is not None for w in workers):  # stops at the first that does
         if workers and all(w.models or w.healthy for w in workers):
             return NoCandidate.UNKNOWN_MODEL, None
         return NoCandidate.UNAVAILABLE, unavailable_retry_after_s
     allowed = query.allowed_regions
-    if allowed and not any(w.region in allowed for w in listing):
+    if allowed and not any(w.region in allowed and w.model(model) is not None for w in workers):
         return NoCandidate.REGION_NOT_ALLOWED, None
     removed_by = {r.filter for r in rejected}
     waits = [

@@ -162,7 +162,7 @@ class Scheduler:
             positions = list(compress(positions, keep))
             base = list(compress(base, keep))
         if not kept:
-            return self._empty(query, workers, rejected, ns, started)
+            return self._empty(query, workers, view, rejected, ns, started)
 
         candidates = Candidates(kept, view.index if kept is view.candidates else None)
         totals = list(base)  # the view's copy stays untouched; sparse scorers add to this one
@@ -250,17 +250,30 @@ class Scheduler:
         self,
         query: RouteQuery,
         workers: Sequence[WorkerSnapshot],
+        view: ClassView,
         rejected: tuple[Rejection, ...],
         ns: Timings,
         started: int,
     ) -> Decision:
-        reason, retry = classify_empty(
-            query, workers, rejected, self.filters, self._unavailable_retry_after_s
-        )
+        """An empty decision, classified and explained. Under overload every decision of a
+        class can be empty; while the class's rejections stay the same (no worker changed:
+        every worker is among them), the verdict is reused instead of rescanning them."""
+        t0 = perf_counter_ns()
+        cached = view.empty
+        if cached is not None and cached[0] is rejected and not query.exclude_worker_ids:
+            _, reason, retry, explanation = cached
+        else:
+            reason, retry = classify_empty(
+                query, workers, rejected, self.filters, self._unavailable_retry_after_s
+            )
+            explanation = explain_empty(query, reason, rejected)
+            if rejected is view.rejected and not query.exclude_worker_ids:
+                view.empty = (rejected, reason, retry, explanation)
+        ns[_EXPLAIN] += perf_counter_ns() - t0
         decision = Decision(
             ranked=(),
             rejected=rejected,
-            explanation=explain_empty(query, reason, rejected),
+            explanation=explanation,
             empty_reason=reason,
             retry_after_s=retry,
             plugin_timings_us={},

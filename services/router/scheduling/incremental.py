@@ -36,6 +36,7 @@ from typing import Any
 from services.router.scheduling.plugin import WorkerFilter, WorkerScorer
 from services.router.scheduling.types import (
     Contribution,
+    NoCandidate,
     Rejection,
     RouteQuery,
     WorkerSnapshot,
@@ -63,6 +64,7 @@ class ClassView:
     __slots__ = (
         "candidates",
         "contributions",
+        "empty",
         "index_cache",
         "keys",
         "positions",
@@ -89,6 +91,8 @@ class ClassView:
         self.index_cache: dict[str, int] | None = None
         # input position → (snapshot, contributions of the memoised scorers), for ranked workers
         self.contributions: dict[int, tuple[WorkerSnapshot, tuple[Contribution, ...]]] = {}
+        # (rejected, reason, retry, explanation) of the last empty decision, while it holds
+        self.empty: tuple[tuple[Rejection, ...], NoCandidate, float | None, str] | None = None
 
     def index(self) -> dict[str, int]:
         """Worker id → position in ``candidates`` (built on first use after a re-layout)."""
@@ -147,11 +151,15 @@ class Incremental:
     def _evaluate(
         self, view: ClassView, batch: list[WorkerSnapshot], ns: Timings
     ) -> tuple[list[Rejection | None], list[list[float]], list[float]]:
-        """Verdicts, raw scores and weighted sums for a batch (one call per plugin)."""
+        """Verdicts, raw scores and weighted sums for a batch (one call per plugin).
+
+        Scorers score the whole batch, rejected workers included: cheaper than scattering the
+        survivors' scores back into place, and a rejected worker's score is never used.
+        """
         keys = view.keys
         size = len(batch)
         verdicts: list[Rejection | None] = [None] * size
-        pending: list[int] | None = None  # input indices still kept; None: all of them
+        pending: list[int] | None = None  # batch indices still kept; None: all of them
         subset = batch
         for f, key in zip(self._filters, keys, strict=False):
             if not subset:
@@ -159,11 +167,12 @@ class Incremental:
             t0 = perf_counter_ns()
             reasons = f.reject(subset, key)
             ns[f.TYPE] += perf_counter_ns() - t0
+            _check(f.TYPE, reasons, subset)
             if reasons.count(None) == len(subset):
                 continue
             indices = range(size) if pending is None else pending
             still: list[int] = []
-            for j, w, reason in zip(indices, subset, reasons, strict=True):
+            for j, w, reason in zip(indices, subset, reasons, strict=False):
                 if reason is None:
                     still.append(j)
                 else:
@@ -171,17 +180,19 @@ class Incremental:
             pending = still
             subset = [batch[j] for j in still]
         raw: list[list[float]] = []
-        sums = [0.0] * len(subset)
-        for (s, share), key in zip(self._scorers, keys[len(self._filters) :], strict=True):
+        sums = [0.0] * size
+        for (s, share), key in zip(self._scorers, keys[len(self._filters) :], strict=False):
             t0 = perf_counter_ns()
-            values = s.scores(subset, key) if subset else []
+            values = s.scores(batch, key)
             ns[s.TYPE] += perf_counter_ns() - t0
+            _check(s.TYPE, values, batch)
+            # The framework's clamp (see framework.clamp), inlined: NaN and below 0 → 0.
             sums = [
                 acc + (0.0 if not v > 0.0 else share if v > 1.0 else v * share)
-                for acc, v in zip(sums, values, strict=True)
+                for acc, v in zip(sums, values, strict=False)
             ]
-            raw.append(values if pending is None else _scatter(values, pending, size))
-        return verdicts, raw, sums if pending is None else _scatter(sums, pending, size)
+            raw.append(values)
+        return verdicts, raw, sums
 
     def _rebuild(self, view: ClassView, workers: list[WorkerSnapshot], ns: Timings) -> None:
         verdicts, raw, static = self._evaluate(view, workers, ns)
@@ -239,9 +250,9 @@ class Incremental:
             view.rejected = tuple(compress(vs, map(_IS_NOT, vs, repeat(None))))  # type: ignore[arg-type]
 
 
-def _scatter(values: list[float], at: list[int], size: int) -> list[float]:
-    """``values`` placed at positions ``at`` of a list of ``size`` zeros."""
-    out = [0.0] * size
-    for i, v in zip(at, values, strict=True):
-        out[i] = v
-    return out
+def _check(plugin: str, answers: Sequence[object], batch: Sequence[WorkerSnapshot]) -> None:
+    """A plugin must answer once per worker (checked once, so the loops can zip freely)."""
+    if len(answers) != len(batch):
+        raise RuntimeError(
+            f"plugin '{plugin}' answered {len(answers)} times for {len(batch)} workers"
+        )

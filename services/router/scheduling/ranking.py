@@ -63,13 +63,19 @@ class TopK:
         shortlist.sort(key=totals.__getitem__, reverse=True)
         self._hint = totals[shortlist[min(len(shortlist), self._depth) - 1]]
         kth = totals[shortlist[k - 1]]
+        if len(shortlist) == k or totals[shortlist[k]] < kth:
+            top = shortlist[:k]  # nobody outside the top k ties with the k-th
+            if len(set(map(totals.__getitem__, top))) == k:
+                return top  # and no ties inside: the common case
+            rng.shuffle(top)
+            top.sort(key=totals.__getitem__, reverse=True)
+            return top
         above = [i for i in shortlist[:k] if totals[i] > kth]
         tied = [i for i in shortlist if totals[i] == kth]
         if len(set(map(totals.__getitem__, above))) < len(above):  # ties above the k-th
             rng.shuffle(above)
             above.sort(key=totals.__getitem__, reverse=True)
-        chosen = rng.sample(tied, k - len(above))
-        return above + chosen
+        return above + rng.sample(tied, k - len(above))
 
 
 def top_k(totals: Sequence[float], k: int, rng: random.Random) -> list[int]:

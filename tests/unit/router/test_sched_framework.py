@@ -24,6 +24,7 @@ from services.router.scheduling.params import Params
 from services.router.scheduling.pickers.max_score import MaxScorePicker
 from services.router.scheduling.plugin import (
     Candidates,
+    Filter,
     PluginContext,
     PostPick,
     Scorer,
@@ -103,9 +104,9 @@ class RecordingFilter(WorkerFilter[str]):
 
 
 def scheduler(
-    *scorers: WeightedScorer, filters: Sequence[Any] = (), k: int = 3, seed: int = 1
+    *scorers: WeightedScorer, filters: Sequence[Filter] = (), k: int = 3, seed: int = 1
 ) -> Scheduler:
-    base = [ResidencyFilter(), ModelReadyFilter(), HealthyFilter()]
+    base: list[Filter] = [ResidencyFilter(), ModelReadyFilter(), HealthyFilter()]
     return Scheduler(
         filters=[*base, *filters],
         scorers=scorers,
@@ -147,10 +148,8 @@ def test_weights_are_applied_by_the_framework_as_shares_of_the_total() -> None:
     assert by_id["a"].score == pytest.approx(0.625)
     assert by_id["b"].score == pytest.approx(0.75)
     assert [c.signal for c in by_id["a"].contributions] == ["latency", "recording"]
-    assert [(c.score, c.weight, c.weighted) for c in by_id["a"].contributions] == [
-        (0.5, 3.0, pytest.approx(0.375)),
-        (1.0, 1.0, pytest.approx(0.25)),
-    ]
+    assert [(c.score, c.weight) for c in by_id["a"].contributions] == [(0.5, 3.0), (1.0, 1.0)]
+    assert [c.weighted for c in by_id["a"].contributions] == pytest.approx([0.375, 0.25])
     assert sum(c.weighted for c in by_id["b"].contributions) == pytest.approx(by_id["b"].score)
     assert [s.worker.worker_id for s in decision.ranked] == ["b", "a"]
 
@@ -362,6 +361,19 @@ def test_empty_explanation_counts_rejections_per_filter_with_an_example() -> Non
         "(slots=99+0+0/100 kv=0.00)); "
         "healthy removed 1 (e.g. c: unhealthy: x)"
     )
+
+
+def test_repeated_empty_decisions_follow_worker_changes() -> None:
+    s = scheduler(WeightedScorer(KvCacheScorer(), 1), filters=[AdmissionFilter()])
+    rows = [full("a"), full("b")]
+    low = q(priority=Priority.LOW)
+    assert s.schedule(low, rows).empty_reason is NoCandidate.SATURATED
+    assert s.schedule(low, rows).empty_reason is NoCandidate.SATURATED
+    rows = [w("a", healthy=False), w("b", healthy=False)]
+    assert s.schedule(low, rows).empty_reason is NoCandidate.UNAVAILABLE
+    assert s.schedule(low, rows).empty_reason is NoCandidate.UNAVAILABLE
+    rows[1] = w("b", running=10, max_running=100)
+    assert [r.worker.worker_id for r in s.schedule(low, rows).ranked] == ["b"]
 
 
 # --- timings and hooks ----------------------------------------------------------------------

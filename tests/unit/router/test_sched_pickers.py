@@ -47,7 +47,7 @@ def test_ties_are_broken_at_random_so_equal_workers_share_the_burst() -> None:
 def test_ties_straddling_the_cut_are_sampled_uniformly() -> None:
     rng = random.Random(3)
     totals = [0.9, 0.5, 0.5, 0.5, 0.5, 0.1]
-    seconds = Counter()
+    seconds: Counter[int] = Counter()
     for _ in range(4000):
         first, second = top_k(totals, 2, rng)
         assert first == 0

@@ -26,7 +26,7 @@ def w(worker_id: str = "w", **kw: Any) -> WorkerSnapshot:
 
 QUERY = RouteQuery(request_id="r", model="m")
 
-CASES: list[tuple[WorkerScorer[Any], WorkerSnapshot, float, str]] = [
+CASES: list[tuple[WorkerScorer[Any], WorkerSnapshot, Any, str]] = [
     # latency: tau / (tau + rtt); unknown RTT is penalised, not excluded
     (LatencyScorer(), w(rtt_ms=0.0), 1.0, "rtt=0.0ms"),
     (LatencyScorer(), w(rtt_ms=2.0), 50 / 52, "rtt=2.0ms"),
@@ -103,7 +103,7 @@ CASES: list[tuple[WorkerScorer[Any], WorkerSnapshot, float, str]] = [
 
 @pytest.mark.parametrize(("scorer", "row", "score", "detail"), CASES)
 def test_scorer_formula_and_detail(
-    scorer: WorkerScorer[Any], row: WorkerSnapshot, score: float, detail: str
+    scorer: WorkerScorer[Any], row: WorkerSnapshot, score: Any, detail: str
 ) -> None:
     key = scorer.key(QUERY)
     assert scorer.scores([row], key) == [score]

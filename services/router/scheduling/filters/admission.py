@@ -109,12 +109,16 @@ class AdmissionFilter(WorkerFilter[Priority]):
         return query.priority
 
     def reject(self, workers: Sequence[WorkerSnapshot], key: Priority) -> list[str | None]:
-        return [self._verdict(w, key) for w in workers]
+        default = self.thresholds.of(key)
+        limits = {region: t.of(key) for region, t in self.regions.items()}
+        gpu = self.include_gpu
+        out: list[str | None] = []
+        for w in workers:
+            limit = limits.get(w.region, default) if limits else default
+            load = worker_load(w, gpu)
+            out.append(None if load < limit else self._reason(w, key, load, limit))
+        return out
 
-    def _verdict(self, w: WorkerSnapshot, priority: Priority) -> str | None:
-        limit = self.regions.get(w.region, self.thresholds).of(priority)
-        load = worker_load(w, self.include_gpu)
-        if load < limit:
-            return None
+    def _reason(self, w: WorkerSnapshot, priority: Priority, load: float, limit: float) -> str:
         inputs = describe_load(w, self.include_gpu)
         return f"refuses {priority.name} at load {load:.2f} >= {limit:g} ({inputs})"

@@ -49,7 +49,10 @@ class LatencyScorer(WorkerScorer[None]):
 
     def scores(self, workers: Sequence[WorkerSnapshot], key: None) -> list[float]:
         tau, unknown = self.tau_ms, self.unknown_score
-        return [unknown if w.rtt_ms is None else tau / (tau + w.rtt_ms) for w in workers]
+        return [
+            unknown if (r := w.rtt_ms) is None else tau / (tau + r) if r > 0.0 else 1.0
+            for w in workers
+        ]
 
     def describe(self, worker: WorkerSnapshot, key: None) -> str:
         return "rtt=unknown" if worker.rtt_ms is None else f"rtt={worker.rtt_ms:.1f}ms"
