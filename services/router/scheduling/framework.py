@@ -1,0 +1,290 @@
+"""The scheduler: filters → scorers → picker, and the rules only the framework applies.
+
+    decision = pick(rank(Σ_i clamp(score_i) · w_i / Σw, over filter(workers)))
+
+The framework owns, in one place (GIE's ``scheduler_profile.go`` / ``weighted_scorer.go``):
+
+- clamping every score to [0, 1] (NaN → 0) and weighting it (a scorer never sees its weight);
+- the per-candidate contributions (score, weight, weighted share, raw detail) of the ranked
+  workers, the rejections (which filter removed whom, and why), a one-line explanation, and the
+  classification of an empty decision (``explain.py``);
+- timing every plugin call (``time.perf_counter_ns``), reported in microseconds per plugin type,
+  plus ``framework`` (everything else) and ``total``;
+- the random source for tie-breaking (seedable for tests).
+
+Order of evaluation. :class:`WorkerFilter`\\ s and :class:`WorkerScorer`\\ s are evaluated
+incrementally (``incremental.py``: only workers whose snapshot changed since the last decision
+of the same query class are recomputed). Filters run in profile order, the memoised ones first,
+then the plain :class:`Filter`\\ s (``exclude``) over the survivors, so a worker rejected by
+several filters is reported once, by the first that saw it. Plain scorers (affinity, sparse)
+then adjust the totals, the picker ranks, and contributions and the explanation are built for
+the ranked few only.
+
+Not thread-safe: one scheduler per event loop (plugins such as affinity hold state).
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from itertools import compress
+from time import perf_counter_ns
+from typing import Any
+
+from services.router.scheduling.explain import classify_empty, explain_empty, explain_winner
+from services.router.scheduling.incremental import ClassView, Incremental, Timings
+from services.router.scheduling.plugin import (
+    Candidates,
+    Filter,
+    Picker,
+    Plugin,
+    PostPick,
+    Scored,
+    Scorer,
+    WorkerFilter,
+    WorkerScorer,
+)
+from services.router.scheduling.types import (
+    Contribution,
+    Decision,
+    Rejection,
+    RouteQuery,
+    ScoredWorker,
+    WorkerSnapshot,
+)
+
+
+def clamp(value: float) -> float:
+    """A score in [0, 1]; NaN counts as 0 (a broken signal must not win)."""
+    if not value > 0.0:
+        return 0.0
+    return 1.0 if value > 1.0 else value
+
+
+@dataclass(frozen=True, slots=True)
+class WeightedScorer:
+    """A scorer and the weight a profile gives it (> 0; a scorer without one is an error)."""
+
+    scorer: Scorer
+    weight: float
+
+    def __post_init__(self) -> None:
+        if isinstance(self.weight, bool) or not (math.isfinite(self.weight) and self.weight > 0):
+            raise ValueError(f"scorer '{self.scorer.TYPE}': weight must be > 0")
+
+
+_EXPLAIN = "explain"  # timing bucket: contributions, details and the explanation line
+
+
+class Scheduler:
+    """One profile, ready to decide: ``schedule(query, workers) -> Decision``."""
+
+    def __init__(
+        self,
+        *,
+        filters: Sequence[Filter],
+        scorers: Sequence[WeightedScorer],
+        picker: Picker,
+        name: str = "default",
+        rng: random.Random | None = None,
+        unavailable_retry_after_s: float | None = 1.0,
+        max_query_classes: int = 64,
+    ) -> None:
+        seen: set[str] = set()
+        plugins: list[Plugin] = [*filters, *(s.scorer for s in scorers), picker]
+        for p in plugins:
+            if p.TYPE in seen:
+                raise ValueError(f"plugin '{p.TYPE}' appears twice in profile '{name}'")
+            seen.add(p.TYPE)
+        if unavailable_retry_after_s is not None and not unavailable_retry_after_s >= 0:
+            raise ValueError("unavailable_retry_after_s must be >= 0")
+        self.name = name
+        self.filters = tuple(filters)
+        self.scorers = tuple(scorers)
+        self.picker = picker
+        self._rng = rng if rng is not None else random.Random()
+        self._unavailable_retry_after_s = unavailable_retry_after_s
+        total_weight = math.fsum(s.weight for s in scorers)
+        memo_scorers: list[tuple[WorkerScorer[Any], float]] = []
+        self._plain_scorers: list[tuple[Scorer, float]] = []
+        memo_slots: list[tuple[int, WorkerScorer[Any], float, float]] = []
+        plain_slots: list[tuple[int, Scorer, float, float]] = []
+        memo_at: list[int] = []  # profile positions of the memoised scorers
+        plain_at: list[int] = []  # and of the plain ones
+        for at, ws in enumerate(scorers):
+            share = ws.weight / total_weight
+            if isinstance(ws.scorer, WorkerScorer):
+                memo_slots.append((len(memo_scorers), ws.scorer, ws.weight, share))
+                memo_scorers.append((ws.scorer, share))
+                memo_at.append(at)
+            else:
+                plain_slots.append((len(self._plain_scorers), ws.scorer, ws.weight, share))
+                self._plain_scorers.append((ws.scorer, share))
+                plain_at.append(at)
+        self._memo_slots = tuple(memo_slots)
+        self._plain_slots = tuple(plain_slots)
+        # Contributions are built memoised-first; this permutation restores profile order.
+        grouped = memo_at + plain_at
+        self._profile_order: tuple[int, ...] | None = None
+        if grouped != sorted(grouped):
+            self._profile_order = tuple(grouped.index(j) for j in range(len(grouped)))
+        self._plain_filters = tuple(f for f in filters if not isinstance(f, WorkerFilter))
+        self._incremental = Incremental(
+            [f for f in filters if isinstance(f, WorkerFilter)], memo_scorers, max_query_classes
+        )
+        self._hooks = tuple((p.TYPE, p) for p in plugins if isinstance(p, PostPick))
+        self._plugin_types = (*(p.TYPE for p in plugins), _EXPLAIN)
+
+    def schedule(self, query: RouteQuery, workers: Sequence[WorkerSnapshot]) -> Decision:
+        """Rank the workers for this query. Pure, apart from the incremental view and the
+        state of post-pick plugins (affinity)."""
+        started = perf_counter_ns()
+        ns: Timings = dict.fromkeys(self._plugin_types, 0)
+        view = self._incremental.view(query, workers, ns)
+        kept: Sequence[WorkerSnapshot] = view.candidates
+        positions: Sequence[int] = view.positions
+        base: Sequence[float] = view.totals
+        rejected: tuple[Rejection, ...] = view.rejected
+        for f in self._plain_filters:
+            if not kept:
+                break
+            t0 = perf_counter_ns()
+            survivors, removed = f.filter(query, kept)
+            ns[f.TYPE] += perf_counter_ns() - t0
+            if not removed and len(survivors) == len(kept):
+                continue
+            rejected += tuple(removed)
+            alive = set(map(id, survivors))
+            keep = list(map(alive.__contains__, map(id, kept)))
+            kept = list(compress(kept, keep))
+            positions = list(compress(positions, keep))
+            base = list(compress(base, keep))
+        if not kept:
+            return self._empty(query, workers, view, rejected, ns, started)
+
+        candidates = Candidates(kept, view.index if kept is view.candidates else None)
+        totals = list(base)  # the view's copy stays untouched; sparse scorers add to this one
+        plain_scores: list[Mapping[str, float]] = []
+        for scorer, share in self._plain_scorers:
+            t0 = perf_counter_ns()
+            raw = scorer.score(query, candidates)
+            ns[scorer.TYPE] += perf_counter_ns() - t0
+            plain_scores.append(raw)
+            for worker_id, value in raw.items():
+                i = candidates.index_of(worker_id)
+                if i is not None:
+                    totals[i] += clamp(value) * share
+
+        t0 = perf_counter_ns()
+        order = self.picker.pick(query, Scored(candidates, totals, self._rng))
+        ns[self.picker.TYPE] += perf_counter_ns() - t0
+
+        t0 = perf_counter_ns()
+        ranked = self._ranked(query, order, candidates, positions, totals, view, plain_scores)
+        explanation = explain_winner(ranked, len(candidates), len(rejected))
+        ns[_EXPLAIN] += perf_counter_ns() - t0
+        decision = Decision(
+            ranked=ranked, rejected=rejected, explanation=explanation, plugin_timings_us={}
+        )
+        for type_name, hook in self._hooks:
+            t0 = perf_counter_ns()
+            hook.observe(query, decision)
+            ns[type_name] += perf_counter_ns() - t0
+        self._finish_timings(decision.plugin_timings_us, ns, started)
+        return decision
+
+    def _ranked(
+        self,
+        query: RouteQuery,
+        order: Sequence[int],
+        candidates: Candidates,
+        positions: Sequence[int],
+        totals: Sequence[float],
+        view: ClassView,
+        plain_scores: list[Mapping[str, float]],
+    ) -> tuple[ScoredWorker, ...]:
+        """The ranked workers with their contributions, in profile order.
+
+        Contributions of memoised scorers depend on the snapshot alone, so they are kept per
+        worker position in the view and rebuilt only when that worker's snapshot changed (the
+        fallbacks of one decision are often the fallbacks of the next).
+        """
+        keys = self._incremental.scorer_keys(view)
+        raw = view.raw
+        cache = view.contributions
+        out: list[ScoredWorker] = []
+        for i in order:
+            w = candidates[i]
+            p = positions[i]
+            entry = cache.get(p)
+            if entry is not None and entry[0] is w:
+                memo = entry[1]
+            else:
+                memo = tuple(
+                    [
+                        Contribution(s.TYPE, c, weight, c * share, s.describe(w, keys[k]))
+                        for k, s, weight, share in self._memo_slots
+                        for c in (clamp(raw[k][p]),)
+                    ]
+                )
+                cache[p] = (w, memo)
+            if self._plain_slots:
+                plain = tuple(
+                    [
+                        Contribution(s.TYPE, c, weight, c * share, s.detail(query, w))
+                        for k, s, weight, share in self._plain_slots
+                        for c in (clamp(plain_scores[k].get(w.worker_id, 0.0)),)
+                    ]
+                )
+                merged = memo + plain
+                if self._profile_order is not None:
+                    merged = tuple([merged[j] for j in self._profile_order])
+            else:
+                merged = memo
+            out.append(ScoredWorker(worker=w, score=totals[i], contributions=merged))
+        return tuple(out)
+
+    def _empty(
+        self,
+        query: RouteQuery,
+        workers: Sequence[WorkerSnapshot],
+        view: ClassView,
+        rejected: tuple[Rejection, ...],
+        ns: Timings,
+        started: int,
+    ) -> Decision:
+        """An empty decision, classified and explained. Under overload every decision of a
+        class can be empty; while the class's rejections stay the same (no worker changed:
+        every worker is among them), the verdict is reused instead of rescanning them."""
+        t0 = perf_counter_ns()
+        cached = view.empty
+        if cached is not None and cached[0] is rejected and not query.exclude_worker_ids:
+            _, reason, retry, explanation = cached
+        else:
+            reason, retry = classify_empty(
+                query, workers, rejected, self.filters, self._unavailable_retry_after_s
+            )
+            explanation = explain_empty(query, reason, rejected)
+            if rejected is view.rejected and not query.exclude_worker_ids:
+                view.empty = (rejected, reason, retry, explanation)
+        ns[_EXPLAIN] += perf_counter_ns() - t0
+        decision = Decision(
+            ranked=(),
+            rejected=rejected,
+            explanation=explanation,
+            empty_reason=reason,
+            retry_after_s=retry,
+            plugin_timings_us={},
+        )
+        self._finish_timings(decision.plugin_timings_us, ns, started)
+        return decision
+
+    @staticmethod
+    def _finish_timings(out: dict[str, float], ns: Timings, started: int) -> None:
+        total = perf_counter_ns() - started
+        for name, spent in ns.items():
+            out[name] = spent / 1000
+        out["framework"] = (total - sum(ns.values())) / 1000
+        out["total"] = total / 1000

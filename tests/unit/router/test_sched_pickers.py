@@ -1,0 +1,96 @@
+"""Pickers and the top-k they share: exact ranking, random tie-breaking, baselines."""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+
+import pytest
+
+from services.router.scheduling.pickers.max_score import MaxScorePicker
+from services.router.scheduling.pickers.round_robin import RoundRobinPicker
+from services.router.scheduling.pickers.weighted_random import WeightedRandomPicker
+from services.router.scheduling.plugin import Candidates, Scored
+from services.router.scheduling.ranking import TopK, top_k
+from services.router.scheduling.types import RouteQuery, WorkerSnapshot
+
+QUERY = RouteQuery(request_id="r", model="m")
+
+
+def scored(totals: list[float], seed: int = 0) -> Scored:
+    rows = [WorkerSnapshot(worker_id=f"w{i}", region="eu", address="a") for i in range(len(totals))]
+    return Scored(Candidates(rows), totals, random.Random(seed))
+
+
+@pytest.mark.parametrize(
+    ("totals", "k", "expected"),
+    [
+        ([0.1, 0.9, 0.5], 1, [1]),
+        ([0.1, 0.9, 0.5], 2, [1, 2]),
+        ([0.1, 0.9, 0.5], 3, [1, 2, 0]),
+        ([0.1, 0.9, 0.5], 5, [1, 2, 0]),
+        ([0.3], 3, [0]),
+        ([], 3, []),
+    ],
+)
+def test_max_score_ranks_best_first(totals: list[float], k: int, expected: list[int]) -> None:
+    assert MaxScorePicker(max_candidates=k).pick(QUERY, scored(totals)) == tuple(expected)
+
+
+def test_ties_are_broken_at_random_so_equal_workers_share_the_burst() -> None:
+    rng = random.Random(7)
+    firsts = Counter(top_k([0.5] * 4 + [0.1] * 6, 1, rng)[0] for _ in range(4000))
+    assert set(firsts) == {0, 1, 2, 3}
+    assert all(800 < n < 1200 for n in firsts.values()), firsts
+
+
+def test_ties_straddling_the_cut_are_sampled_uniformly() -> None:
+    rng = random.Random(3)
+    totals = [0.9, 0.5, 0.5, 0.5, 0.5, 0.1]
+    seconds: Counter[int] = Counter()
+    for _ in range(4000):
+        first, second = top_k(totals, 2, rng)
+        assert first == 0
+        seconds[second] += 1
+    assert set(seconds) == {1, 2, 3, 4}
+    assert all(800 < n < 1200 for n in seconds.values()), seconds
+
+
+def test_top_k_is_exact_whatever_the_hint() -> None:
+    """The stateful TopK keeps a threshold hint between calls; a stale hint (scores moved up
+    or down a lot since) must cost speed, never correctness. Compared with a plain sort on
+    random lists without ties."""
+    rng = random.Random(11)
+    ranker = TopK(depth=4)
+    for trial in range(300):
+        n = rng.randint(1, 60)
+        shift = rng.choice((0.0, 0.5, -0.5, 3.0))
+        totals = [rng.random() + shift for _ in range(n)]
+        k = rng.randint(1, 6)
+        expected = sorted(range(n), key=totals.__getitem__, reverse=True)[:k]
+        assert ranker(totals, k, rng) == expected, trial
+
+
+def test_weighted_random_prefers_higher_scores_in_proportion() -> None:
+    picker = WeightedRandomPicker(max_candidates=1)
+    s = scored([0.6, 0.3, 0.1, 0.0], seed=5)
+    firsts = Counter(picker.pick(QUERY, s)[0] for _ in range(6000))
+    assert firsts[3] == 0
+    assert 3300 < firsts[0] < 3900
+    assert 1500 < firsts[1] < 2100
+    assert 400 < firsts[2] < 800
+
+
+def test_weighted_random_with_power_zero_is_uniform_and_ranks_without_repeats() -> None:
+    picker = WeightedRandomPicker(max_candidates=3, power=0.0)
+    s = scored([0.9, 0.1, 0.5, 0.2], seed=1)
+    for _ in range(50):
+        ranked = picker.pick(QUERY, s)
+        assert len(ranked) == len(set(ranked)) == 3
+
+
+def test_round_robin_rotates_through_candidates_ignoring_scores() -> None:
+    picker = RoundRobinPicker(max_candidates=2)
+    s = scored([0.9, 0.1, 0.5])
+    assert [picker.pick(QUERY, s) for _ in range(4)] == [(0, 1), (1, 2), (2, 0), (0, 1)]
+    assert picker.pick(QUERY, scored([])) == ()
