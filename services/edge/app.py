@@ -47,6 +47,7 @@ class EdgeDeps:
 
 DEPS = web.AppKey("deps", EdgeDeps)
 CHAT: web.AppKey[Next] = web.AppKey("chat_pipeline")
+REQUEST_ID = web.RequestKey("request_id", str)
 
 
 def error_response(err: MeridianError, request_id: str | None = None) -> web.Response:
@@ -64,7 +65,7 @@ async def error_boundary(request: web.Request, handler: Handler) -> web.StreamRe
     try:
         return await handler(request)
     except MeridianError as err:
-        return error_response(err, request.get("request_id"))
+        return error_response(err, request.get(REQUEST_ID))
     except web.HTTPRequestEntityTooLarge:
         limit = request.app[DEPS].max_body_bytes
         return error_response(PayloadTooLarge(f"request body is larger than {limit} bytes"))
@@ -78,12 +79,12 @@ async def error_boundary(request: web.Request, handler: Handler) -> web.StreamRe
         raise
     except Exception:  # the boundary: log with trace, answer in the API's format
         log.exception("unhandled error", extra={"meridian_fields": {"path": request.path}})
-        return error_response(InternalError("internal error"), request.get("request_id"))
+        return error_response(InternalError("internal error"), request.get(REQUEST_ID))
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    request["request_id"] = request_id
+    request[REQUEST_ID] = request_id
     ctx = ChatContext(request=request, request_id=request_id, headers={"x-request-id": request_id})
     return await request.app[CHAT](ctx)
 

@@ -21,7 +21,7 @@ from services.localstack.procs import ProcessFailed
 from services.localstack.stack import REPO_ROOT, LocalStack
 
 DEFAULT_CONFIG = REPO_ROOT / "deploy/local/stack.yaml"
-STATE_DIR = Path(".meridian")
+STATE_DIR = Path(os.environ.get("MERIDIAN_STATE_DIR", ".meridian"))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -66,6 +66,22 @@ Logs: {stack.run_dir / "logs"}   Ctrl-C stops everything.
 """
 
 
+def _describe(stack: LocalStack) -> dict[str, object]:
+    """Machine-readable endpoints and process ids (run/stack.json), for scripts and tests."""
+    ep = stack.endpoints
+    return {
+        "edge_url": ep.edge_url,
+        "router": ep.router,
+        "redis_url": ep.redis_url,
+        "model": ep.model,
+        "workers": {
+            name: {"region": w.region, "direct": w.direct, "proxied": w.proxied}
+            for name, w in ep.workers.items()
+        },
+        "pids": {p.name: p.pid for p in stack.processes()},
+    }
+
+
 def _rtt(stack: LocalStack, region: str) -> str:
     for r in stack.config.regions:
         if r.name == region:
@@ -108,6 +124,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     key_file = state / "demo-key"
     key_file.write_text(stack.endpoints.demo_key + "\n")
     key_file.chmod(0o600)
+    runtime.write_ready_file(stack.run_dir / "stack.json", _describe(stack))
     print(_banner(stack, key_file), flush=True)
     reported: set[str] = set()
     while not stop.is_set():

@@ -59,8 +59,12 @@ async def test_raw_sse_ends_with_done(stack: Stack) -> None:
         http.post(
             f"{stack.base_url}/chat/completions",
             headers={"Authorization": f"Bearer {stack.key}"},
-            json={"model": MODEL, "messages": [{"role": "user", "content": "x"}],
-                  "stream": True, "max_tokens": 3},
+            json={
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "x"}],
+                "stream": True,
+                "max_tokens": 3,
+            },
         ) as resp,
     ):
         assert resp.status == 200
@@ -119,8 +123,11 @@ async def test_unknown_model_is_not_found(stack: Stack) -> None:
     [
         (b"{", 400, None),
         (b'{"model": "m"}', 400, "messages"),
-        (b'{"model": "m", "messages": [{"role": "user", "content": 5}]}', 400,
-         "messages[0].content"),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": 5}]}',
+            400,
+            "messages[0].content",
+        ),
         (b"\xff", 400, None),
     ],
 )
@@ -178,8 +185,13 @@ async def test_client_disconnect_aborts_the_generation_on_the_worker(stack: Stac
         resp = await http.post(
             f"{stack.base_url}/chat/completions",
             headers={"Authorization": f"Bearer {stack.key}"},
-            json={"model": MODEL, "messages": [{"role": "user", "content": "long"}],
-                  "stream": True, "max_tokens": 5000, "ignore_eos": True},
+            json={
+                "model": MODEL,
+                "messages": [{"role": "user", "content": "long"}],
+                "stream": True,
+                "max_tokens": 5000,
+                "ignore_eos": True,
+            },
         )
         await resp.content.readuntil(b"\n\n")  # first chunk arrived
         assert kr.engine.load().running == 1

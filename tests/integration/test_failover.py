@@ -5,8 +5,9 @@ from __future__ import annotations
 import asyncio
 
 import openai
+import pytest
 
-from meridian.v1 import router_pb2, router_pb2_grpc
+from meridian.v1 import router_pb2, router_pb2_grpc, worker_pb2
 from services.common.grpcutil import insecure_channel
 from services.netem.proxy import CutMode
 from tests.integration.conftest import MODEL, Stack
@@ -66,9 +67,7 @@ async def test_route_explanation_changes_when_the_near_region_is_flooded(stack: 
 
     # Flood kr with long generations straight at the worker.
     kr = stack.workers["kr-1"]
-    flood = [
-        asyncio.create_task(_drain_stream(kr.address, i)) for i in range(64)
-    ]
+    flood = [asyncio.create_task(_drain_stream(kr.address, i)) for i in range(64)]
     try:
         loop = asyncio.get_running_loop()
         deadline = loop.time() + 5.0
@@ -88,7 +87,7 @@ async def test_route_explanation_changes_when_the_near_region_is_flooded(stack: 
 
 
 async def _drain_stream(address: str, i: int) -> None:
-    from meridian.v1 import worker_pb2, worker_pb2_grpc
+    from meridian.v1 import worker_pb2_grpc
 
     async with insecure_channel(address) as ch:
         stub = worker_pb2_grpc.WorkerStub(ch)
@@ -98,3 +97,58 @@ async def _drain_stream(address: str, i: int) -> None:
         req.sampling.ignore_eos = True
         async for _ in stub.Generate(req):
             pass
+
+
+async def test_failover_tries_the_next_candidate_before_the_first_token(stack: Stack) -> None:
+    """A candidate nobody listens on (a dead host) is skipped; the client never sees it."""
+    from services.edge.failover import FailoverPolicy, open_stream
+    from services.edge.upstream import RouteResult
+    from tests.support.redis_proc import free_port
+
+    dead = router_pb2.Candidate(
+        worker_id="ghost-1", region="kr", address=f"127.0.0.1:{free_port()}"
+    )
+    live = router_pb2.Candidate(
+        worker_id="jp-1",
+        region="jp",
+        address=f"{stack.proxies['jp-1'].host}:{stack.proxies['jp-1'].port}",
+    )
+    gen = worker_pb2.GenerateRequest(request_id="fo-1", model=MODEL)
+    gen.messages.add(role="user", content="hello")
+    gen.sampling.max_tokens = 3
+    upstream = await open_stream(
+        router=stack.edge.deps.router,
+        workers=stack.edge.deps.workers,
+        route_request=router_pb2.RouteRequest(request_id="fo-1", model=MODEL),
+        first_route=RouteResult(decision_id="d", candidates=(dead, live), explanation=""),
+        generate=gen,
+        policy=FailoverPolicy(max_attempts=3),
+    )
+    chunks = [c async for c in upstream.chunks()]
+    assert upstream.candidate.worker_id == "jp-1"
+    assert upstream.attempts == 2
+    assert chunks[-1].usage.completion_tokens == 3
+
+
+async def test_bad_requests_are_not_retried_on_other_workers(stack: Stack) -> None:
+    from services.common.errors import InvalidRequest
+    from services.edge.failover import FailoverPolicy, open_stream
+    from services.edge.upstream import RouteResult
+
+    cands = tuple(
+        router_pb2.Candidate(worker_id=name, region=name[:2], address=f"{p.host}:{p.port}")
+        for name, p in stack.proxies.items()
+    )
+    gen = worker_pb2.GenerateRequest(request_id="fo-2", model=MODEL)
+    gen.messages.add(role="user", content="hello")
+    gen.sampling.max_tokens = 100_000  # over the context: every worker would refuse
+    with pytest.raises(InvalidRequest) as exc:
+        await open_stream(
+            router=stack.edge.deps.router,
+            workers=stack.edge.deps.workers,
+            route_request=router_pb2.RouteRequest(request_id="fo-2", model=MODEL),
+            first_route=RouteResult(decision_id="d", candidates=cands, explanation=""),
+            generate=gen,
+            policy=FailoverPolicy(max_attempts=3),
+        )
+    assert exc.value.param == "max_tokens"
