@@ -22,7 +22,7 @@ export PYTHONUNBUFFERED := 1
 help:
 	@echo "make run [ENGINE=sim|vllm] [EDGE_PORT=8080]   start the local multi-region stack"
 	@echo "make test                                     every test + ruff + mypy + import check"
-	@echo "make bench                                    benchmarks (prints figures; see bench/README.md)"
+	@echo "make bench [BENCH='overhead --concurrency 8']  benchmarks (print figures; bench/README.md)"
 
 $(BASE_STAMP): requirements/base.txt requirements/dev.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -67,8 +67,9 @@ check-imports: $(BASE_STAMP)
 test: $(GEN_STAMP) $(VLLM_STAMP) lint typecheck check-imports
 	$(PY) -m pytest $(PYTEST_ARGS)
 
+BENCH ?=
 bench: $(GEN_STAMP)
-	$(PY) -m bench
+	$(PY) -m bench $(BENCH)
 
 clean:
 	rm -rf $(GEN) .pytest_cache .mypy_cache .ruff_cache .meridian

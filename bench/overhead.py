@@ -1,0 +1,266 @@
+"""What does Meridian's path cost? The same streaming workload sent (a) straight to one worker
+over gRPC and (b) through edge → router → worker over HTTP/SSE, at several concurrencies.
+
+    .venv/bin/python -m bench.overhead [--concurrency 1 8 32] [--requests 64] [--tokens 64]
+
+Real processes (Redis, one simulated worker at real speed, the router, the edge), no delay
+proxy: this measures Meridian's own overhead. Prints TTFT p50/p99, inter-token latency
+p50/p99 and tokens/s for both paths and their ratio (full / direct). Both paths run in the same
+invocation, one after the other, so the machine's noise is shared.
+
+Goal (issue 2): the full path adds ≤ 5 ms to TTFT p50 at concurrency 32 and keeps ≥ 95 % of
+direct tokens/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import grpc
+import redis.asyncio as aioredis
+
+from meridian.v1 import worker_pb2, worker_pb2_grpc
+from services.common.clock import SYSTEM_CLOCK
+from services.edge.apikeys import ApiKeyStore
+from services.localstack.procs import ManagedProcess
+from services.localstack.redis_server import RedisServer
+
+MODEL = "meridian-sim"
+PROMPT = "Tell me about the weather in Seoul and how it compares to Tokyo in autumn."
+
+
+@dataclass
+class Sample:
+    ttft_ms: float
+    gaps_ms: list[float]
+    tokens: int
+
+
+@dataclass
+class Result:
+    samples: list[Sample] = field(default_factory=list)
+    wall_s: float = 0.0
+    errors: int = 0
+
+    def row(self) -> dict[str, float]:
+        ttft = sorted(s.ttft_ms for s in self.samples)
+        gaps = sorted(g for s in self.samples for g in s.gaps_ms)
+        tokens = sum(s.tokens for s in self.samples)
+        return {
+            "ttft_p50": _pct(ttft, 50),
+            "ttft_p99": _pct(ttft, 99),
+            "itl_p50": _pct(gaps, 50),
+            "itl_p99": _pct(gaps, 99),
+            "tok_s": tokens / self.wall_s if self.wall_s else 0.0,
+            "errors": float(self.errors),
+        }
+
+
+def _pct(values: list[float], p: float) -> float:
+    if not values:
+        return float("nan")
+    if len(values) == 1:
+        return values[0]
+    return statistics.quantiles(values, n=100, method="inclusive")[int(p) - 1]
+
+
+async def direct_one(stub: worker_pb2_grpc.WorkerStub, i: int, tokens: int) -> Sample:
+    req = worker_pb2.GenerateRequest(request_id=f"direct-{i}-{time.monotonic_ns()}", model=MODEL)
+    req.messages.add(role="user", content=PROMPT)
+    req.sampling.max_tokens = tokens
+    req.sampling.ignore_eos = True
+    start = time.perf_counter()
+    ttft = 0.0
+    last = start
+    gaps: list[float] = []
+    n = 0
+    async for chunk in stub.Generate(req):
+        now = time.perf_counter()
+        if chunk.text:
+            if not ttft:
+                ttft = (now - start) * 1000
+            else:
+                gaps.append((now - last) * 1000)
+            last = now
+        n = chunk.usage.completion_tokens
+    return Sample(ttft, gaps, n)
+
+
+async def edge_one(http: aiohttp.ClientSession, url: str, key: str, tokens: int) -> Sample:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": PROMPT}],
+        "stream": True,
+        "max_tokens": tokens,
+        "ignore_eos": True,
+        "stream_options": {"include_usage": True},
+    }
+    start = time.perf_counter()
+    ttft = 0.0
+    last = start
+    gaps: list[float] = []
+    n = 0
+    async with http.post(
+        f"{url}/v1/chat/completions", json=body, headers={"Authorization": f"Bearer {key}"}
+    ) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
+        async for line in resp.content:
+            if not line.startswith(b"data: {"):
+                continue
+            now = time.perf_counter()
+            data = json.loads(line[6:])
+            if data.get("usage"):
+                n = data["usage"]["completion_tokens"]
+            if data["choices"] and data["choices"][0]["delta"].get("content"):
+                if not ttft:
+                    ttft = (now - start) * 1000
+                else:
+                    gaps.append((now - last) * 1000)
+                last = now
+    return Sample(ttft, gaps, n)
+
+
+async def drive(make_one: object, concurrency: int, requests: int) -> Result:
+    result = Result()
+    queue = iter(range(requests))
+
+    async def lane() -> None:
+        for i in queue:
+            try:
+                result.samples.append(await make_one(i))  # type: ignore[operator]
+            except (grpc.aio.AioRpcError, aiohttp.ClientError, RuntimeError) as err:
+                result.errors += 1
+                print(f"  error: {err}", file=sys.stderr)
+
+    start = time.perf_counter()
+    await asyncio.gather(*(lane() for _ in range(concurrency)))
+    result.wall_s = time.perf_counter() - start
+    return result
+
+
+async def main(args: argparse.Namespace) -> None:
+    work = Path(tempfile.mkdtemp(prefix="meridian-bench-"))
+    py = sys.executable
+    redis = RedisServer(run_dir=work / "redis")
+    await redis.start()
+    worker = ManagedProcess(
+        name="worker",
+        argv=[
+            py,
+            "-m",
+            "services.worker",
+            "--worker-id",
+            "w1",
+            "--region",
+            "kr",
+            "--ready-file",
+            str(work / "w.ready"),
+            "--log-level",
+            "warning",
+            "--max-num-seqs",
+            "64",
+        ],
+        log_path=work / "worker.log",
+        ready_file=work / "w.ready",
+    )
+    await worker.start()
+    wport = (await worker.wait_ready(30))["port"]
+    router = ManagedProcess(
+        name="router",
+        argv=[
+            py,
+            "-m",
+            "services.router",
+            "--worker",
+            f"127.0.0.1:{wport}",
+            "--ready-file",
+            str(work / "r.ready"),
+            "--log-level",
+            "warning",
+        ],
+        log_path=work / "router.log",
+        ready_file=work / "r.ready",
+    )
+    await router.start()
+    rport = (await router.wait_ready(30))["port"]
+    edge = ManagedProcess(
+        name="edge",
+        argv=[
+            py,
+            "-m",
+            "services.edge",
+            "--port",
+            "0",
+            "--redis-url",
+            redis.url,
+            "--router",
+            f"127.0.0.1:{rport}",
+            "--ready-file",
+            str(work / "e.ready"),
+            "--log-level",
+            "warning",
+        ],
+        log_path=work / "edge.log",
+        ready_file=work / "e.ready",
+    )
+    await edge.start()
+    eport = (await edge.wait_ready(30))["port"]
+    url = f"http://127.0.0.1:{eport}"
+    client = aioredis.Redis.from_url(redis.url)
+    key, _ = await ApiKeyStore(redis=client, clock=SYSTEM_CLOCK).create("bench")
+    await client.aclose()
+    try:
+        async with aiohttp.ClientSession() as http:
+            for _ in range(100):  # until the router has seen the worker
+                async with http.get(f"{url}/readyz") as resp:
+                    if resp.status == 200:
+                        break
+                await asyncio.sleep(0.1)
+            channel = grpc.aio.insecure_channel(f"127.0.0.1:{wport}")
+            stub = worker_pb2_grpc.WorkerStub(channel)
+            # Warm both paths (connections, caches).
+            await drive(lambda i: direct_one(stub, i, 4), 4, 8)
+            await drive(lambda i: edge_one(http, url, key, 4), 4, 8)
+            print(
+                f"{'conc':>4} {'path':>7} {'TTFT p50':>9} {'p99':>8} {'ITL p50':>8} {'p99':>8} "
+                f"{'tok/s':>9} {'err':>4}"
+            )
+            for c in args.concurrency:
+                n = max(args.requests, c * 2)
+                d = (await drive(lambda i: direct_one(stub, i, args.tokens), c, n)).row()
+                f = (await drive(lambda i: edge_one(http, url, key, args.tokens), c, n)).row()
+                for name, r in (("direct", d), ("full", f)):
+                    print(
+                        f"{c:>4} {name:>7} {r['ttft_p50']:>8.2f}m {r['ttft_p99']:>7.2f}m "
+                        f"{r['itl_p50']:>7.2f}m {r['itl_p99']:>7.2f}m {r['tok_s']:>9.0f} "
+                        f"{int(r['errors']):>4}"
+                    )
+                print(
+                    f"{c:>4} {'ratio':>7} +{f['ttft_p50'] - d['ttft_p50']:>6.2f}ms TTFT p50; "
+                    f"tokens/s {f['tok_s'] / d['tok_s'] * 100:.1f}% of direct"
+                )
+            await channel.close()
+    finally:
+        for proc in (edge, router, worker):
+            await proc.stop(5)
+        await redis.stop()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--requests", type=int, default=64)
+    parser.add_argument("--tokens", type=int, default=64)
+    asyncio.run(main(parser.parse_args()))
