@@ -1,0 +1,292 @@
+"""OpenTelemetry for one service: a tracer and a meter, exported by OTLP and for Prometheus.
+
+Each service builds one :class:`Telemetry` at start-up and passes ``tracer``/``meter`` to the
+components that need them (no global providers, so several services can share a test process
+and keep separate registries). Configuration follows the standard ``OTEL_*`` variables:
+
+- ``OTEL_SDK_DISABLED=true`` — everything off (no-op tracer and meter; near-zero cost);
+- ``OTEL_TRACES_SAMPLER`` / ``OTEL_TRACES_SAMPLER_ARG`` — e.g. ``parentbased_traceidratio`` and
+  ``0.1``; ``always_off`` turns tracing off while keeping metrics;
+- ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` /
+  ``…_METRICS_ENDPOINT``) — where OTLP/gRPC goes; unset: no OTLP export;
+- ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` — resource identity.
+
+Metrics are always readable on the service's Prometheus endpoint (:func:`metrics_app`).
+Histogram buckets suit LLM latencies (the GenAI semantic conventions' advice), set by views.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from aiohttp import web
+from aiohttp.typedefs import Handler
+from opentelemetry import metrics, trace
+from opentelemetry.exporter.prometheus import PrometheusMetricReader
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
+from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
+)
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+# Seconds. From the GenAI semantic conventions (gen_ai.server.time_to_first_token).
+TTFT_BUCKETS: Sequence[float] = (
+    0.001,
+    0.005,
+    0.01,
+    0.02,
+    0.04,
+    0.06,
+    0.08,
+    0.1,
+    0.25,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+    5.0,
+    7.5,
+    10.0,
+)
+# Seconds (gen_ai.server.time_per_output_token), with finer steps at the fast end.
+TPOT_BUCKETS: Sequence[float] = (
+    0.001,
+    0.0025,
+    0.005,
+    0.0075,
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.4,
+    0.5,
+    0.75,
+    1.0,
+    2.5,
+)
+# Seconds (gen_ai.server.request.duration and queue times).
+DURATION_BUCKETS: Sequence[float] = (
+    0.01,
+    0.02,
+    0.04,
+    0.08,
+    0.16,
+    0.32,
+    0.64,
+    1.28,
+    2.56,
+    5.12,
+    10.24,
+    20.48,
+    40.96,
+    81.92,
+)
+# Tokens (gen_ai.client.token.usage).
+TOKEN_BUCKETS: Sequence[float] = (
+    1,
+    4,
+    16,
+    64,
+    256,
+    1024,
+    4096,
+    16384,
+    65536,
+    262144,
+    1048576,
+    4194304,
+)
+# Microseconds (router plugin and decision cost).
+MICROSECOND_BUCKETS: Sequence[float] = (
+    1,
+    2,
+    5,
+    10,
+    20,
+    50,
+    100,
+    200,
+    500,
+    1000,
+    2000,
+    5000,
+    10000,
+)
+
+_BUCKETS_BY_NAME: Mapping[str, Sequence[float]] = {
+    "gen_ai.server.time_to_first_token": TTFT_BUCKETS,
+    "gen_ai.server.time_per_output_token": TPOT_BUCKETS,
+    "gen_ai.server.request.duration": DURATION_BUCKETS,
+    "gen_ai.client.token.usage": TOKEN_BUCKETS,
+    "meridian.*.queue_time": DURATION_BUCKETS,
+    "meridian.*.duration_us": MICROSECOND_BUCKETS,
+}
+
+
+def _views() -> list[View]:
+    return [
+        View(instrument_name=name, aggregation=ExplicitBucketHistogramAggregation(list(b)))
+        for name, b in _BUCKETS_BY_NAME.items()
+    ]
+
+
+def _env_flag(env: Mapping[str, str], name: str) -> bool:
+    return env.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
+
+
+def sampler_from_env(env: Mapping[str, str]) -> Sampler:
+    """The OTEL_TRACES_SAMPLER family, parent-based by default (honours an incoming
+    ``traceparent``'s sampled flag)."""
+    name = env.get("OTEL_TRACES_SAMPLER", "parentbased_always_on").strip().lower()
+    arg = env.get("OTEL_TRACES_SAMPLER_ARG", "1.0")
+    try:
+        ratio = float(arg)
+    except ValueError:
+        raise ValueError(f"OTEL_TRACES_SAMPLER_ARG must be a number, got {arg!r}") from None
+    if not 0.0 <= ratio <= 1.0:
+        raise ValueError(f"OTEL_TRACES_SAMPLER_ARG must be within [0, 1], got {ratio}")
+    samplers: dict[str, Sampler] = {
+        "always_on": ALWAYS_ON,
+        "always_off": ALWAYS_OFF,
+        "traceidratio": TraceIdRatioBased(ratio),
+        "parentbased_always_on": ParentBased(ALWAYS_ON),
+        "parentbased_always_off": ParentBased(ALWAYS_OFF),
+        "parentbased_traceidratio": ParentBased(TraceIdRatioBased(ratio)),
+    }
+    if name not in samplers:
+        raise ValueError(f"OTEL_TRACES_SAMPLER {name!r} is not one of {sorted(samplers)}")
+    return samplers[name]
+
+
+@dataclass
+class Telemetry:
+    """One service's tracer, meter and Prometheus registry."""
+
+    service: str
+    tracer: trace.Tracer
+    meter: metrics.Meter
+    registry: CollectorRegistry
+    tracing_enabled: bool
+    _tracer_provider: TracerProvider | None = None
+    _meter_provider: MeterProvider | None = None
+    _extra: list[object] = field(default_factory=list)
+
+    def shutdown(self) -> None:
+        """Flush and stop exporters (call on graceful shutdown)."""
+        if self._tracer_provider is not None:
+            self._tracer_provider.shutdown()
+        if self._meter_provider is not None:
+            self._meter_provider.shutdown()
+
+    def prometheus_text(self) -> bytes:
+        return bytes(generate_latest(self.registry))
+
+
+def setup(
+    service: str,
+    *,
+    env: Mapping[str, str] | None = None,
+    span_processors: Sequence[SpanProcessor] = (),
+    span_exporter: SpanExporter | None = None,
+    metric_readers: Sequence[MetricReader] = (),
+    resource_attributes: Mapping[str, str] | None = None,
+) -> Telemetry:
+    """Build the service's telemetry from ``env`` (default: ``os.environ``).
+
+    ``span_exporter``/``span_processors``/``metric_readers`` add exporters explicitly (tests use
+    an in-memory span exporter); OTLP exporters are added when the OTLP endpoint is set.
+    """
+    env = os.environ if env is None else env
+    registry = CollectorRegistry(auto_describe=True)
+    if _env_flag(env, "OTEL_SDK_DISABLED"):
+        return Telemetry(
+            service=service,
+            tracer=trace.NoOpTracer(),
+            meter=metrics.NoOpMeter(f"meridian.{service}"),
+            registry=registry,
+            tracing_enabled=False,
+        )
+    attrs = {"service.name": env.get("OTEL_SERVICE_NAME", f"meridian-{service}")}
+    attrs.update(resource_attributes or {})
+    resource = Resource.create(attrs)  # also reads OTEL_RESOURCE_ATTRIBUTES
+
+    readers: list[MetricReader] = [PrometheusMetricReader(registry=registry), *metric_readers]
+    metrics_endpoint = env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or env.get(
+        "OTEL_EXPORTER_OTLP_ENDPOINT"
+    )
+    if metrics_endpoint:
+        from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
+
+        readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=metrics_endpoint)))
+    meter_provider = MeterProvider(resource=resource, metric_readers=readers, views=_views())
+
+    sampler = sampler_from_env(env)
+    tracing = sampler is not ALWAYS_OFF
+    tracer_provider: TracerProvider | None = None
+    tracer: trace.Tracer = trace.NoOpTracer()
+    if tracing:
+        tracer_provider = TracerProvider(resource=resource, sampler=sampler)
+        for processor in span_processors:
+            tracer_provider.add_span_processor(processor)
+        if span_exporter is not None:
+            tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+        traces_endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
+            "OTEL_EXPORTER_OTLP_ENDPOINT"
+        )
+        if traces_endpoint:
+            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+            tracer_provider.add_span_processor(
+                BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_endpoint))
+            )
+        tracer = tracer_provider.get_tracer(f"meridian.{service}")
+    return Telemetry(
+        service=service,
+        tracer=tracer,
+        meter=meter_provider.get_meter(f"meridian.{service}"),
+        registry=registry,
+        tracing_enabled=tracing,
+        _tracer_provider=tracer_provider,
+        _meter_provider=meter_provider,
+    )
+
+
+def metrics_handler(telemetry: Telemetry) -> Handler:
+    async def handle(request: web.Request) -> web.Response:
+        return web.Response(
+            body=telemetry.prometheus_text(), headers={"Content-Type": CONTENT_TYPE_LATEST}
+        )
+
+    return handle
+
+
+def metrics_app(telemetry: Telemetry) -> web.Application:
+    """A tiny app serving ``GET /metrics`` (mounted on a service's metrics port)."""
+    app = web.Application()
+    app.router.add_get("/metrics", metrics_handler(telemetry))
+    return app
+
+
+async def serve_metrics(telemetry: Telemetry, host: str, port: int) -> tuple[web.AppRunner, int]:
+    """Start the Prometheus endpoint; returns the runner (to clean up) and the bound port."""
+    runner = web.AppRunner(metrics_app(telemetry), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port)
+    await site.start()
+    return runner, int(runner.addresses[0][1])

@@ -1,0 +1,106 @@
+import pytest
+from opentelemetry import trace
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
+from prometheus_client.parser import text_string_to_metric_families
+
+from services.common import telemetry
+from services.common.tracecontext import extract_headers, extract_metadata, inject_metadata
+
+
+@pytest.mark.parametrize(
+    ("env", "kind"),
+    [
+        ({}, ParentBased),
+        (
+            {"OTEL_TRACES_SAMPLER": "parentbased_traceidratio", "OTEL_TRACES_SAMPLER_ARG": "0.1"},
+            ParentBased,
+        ),
+        ({"OTEL_TRACES_SAMPLER": "always_off"}, type(ALWAYS_OFF)),
+    ],
+)
+def test_sampler_comes_from_the_standard_variables(env: dict[str, str], kind: type) -> None:
+    assert isinstance(telemetry.sampler_from_env(env), kind)
+
+
+@pytest.mark.parametrize(
+    ("env", "fragment"),
+    [
+        ({"OTEL_TRACES_SAMPLER": "sometimes"}, "not one of"),
+        ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "x"}, "number"),
+        ({"OTEL_TRACES_SAMPLER": "traceidratio", "OTEL_TRACES_SAMPLER_ARG": "2"}, "within"),
+    ],
+)
+def test_bad_sampler_settings_are_clear_errors(env: dict[str, str], fragment: str) -> None:
+    with pytest.raises(ValueError, match=fragment):
+        telemetry.sampler_from_env(env)
+
+
+def test_disabled_sdk_gives_noop_tracer_and_meter() -> None:
+    tel = telemetry.setup("edge", env={"OTEL_SDK_DISABLED": "true"})
+    assert not tel.tracing_enabled
+    with tel.tracer.start_as_current_span("x") as span:
+        assert not span.is_recording()
+    tel.meter.create_counter("c").add(1)  # no error, no output
+    assert b"c_total" not in tel.prometheus_text()
+
+
+def test_spans_reach_the_configured_exporter() -> None:
+    exporter = InMemorySpanExporter()
+    tel = telemetry.setup("router", env={}, span_processors=[SimpleSpanProcessor(exporter)])
+    with tel.tracer.start_as_current_span("route") as span:
+        span.set_attribute("meridian.region", "kr")
+    (finished,) = exporter.get_finished_spans()
+    assert finished.name == "route"
+    assert finished.resource.attributes["service.name"] == "meridian-router"
+    tel.shutdown()
+
+
+def test_ttft_histogram_uses_llm_buckets_on_the_prometheus_endpoint() -> None:
+    tel = telemetry.setup("worker", env={})
+    hist = tel.meter.create_histogram("gen_ai.server.time_to_first_token", unit="s")
+    hist.record(0.03, {"gen_ai.request.model": "m"})
+    families = {f.name: f for f in text_string_to_metric_families(tel.prometheus_text().decode())}
+    fam = families["gen_ai_server_time_to_first_token_seconds"]
+    bounds = sorted(
+        float(s.labels["le"])
+        for s in fam.samples
+        if s.name.endswith("_bucket") and s.labels["le"] != "+Inf"
+    )
+    assert bounds == list(telemetry.TTFT_BUCKETS)
+    count = next(s.value for s in fam.samples if s.name.endswith("_count"))
+    assert count == 1
+    tel.shutdown()
+
+
+def test_registries_are_per_service() -> None:
+    a = telemetry.setup("edge", env={})
+    b = telemetry.setup("router", env={})
+    a.meter.create_counter("only.in.edge").add(1)
+    assert b"only_in_edge" in a.prometheus_text()
+    assert b"only_in_edge" not in b.prometheus_text()
+
+
+def test_trace_context_round_trips_through_grpc_metadata() -> None:
+    exporter = InMemorySpanExporter()
+    tel = telemetry.setup("edge", env={}, span_processors=[SimpleSpanProcessor(exporter)])
+    with tel.tracer.start_as_current_span("parent") as parent:
+        md = inject_metadata()
+    assert md
+    assert md[0][0] == "traceparent"
+    ctx = extract_metadata(md)
+    child_parent = trace.get_current_span(ctx).get_span_context()
+    assert child_parent.trace_id == parent.get_span_context().trace_id
+    assert child_parent.span_id == parent.get_span_context().span_id
+
+
+def test_incoming_traceparent_header_is_honoured() -> None:
+    tp = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"
+    ctx = extract_headers({"TraceParent": tp, "Other": "x"})
+    sc = trace.get_current_span(ctx).get_span_context()
+    assert format(sc.trace_id, "032x") == "4bf92f3577b34da6a3ce929d0e0e4736"
+
+
+def test_no_context_means_no_metadata() -> None:
+    assert inject_metadata() == ()
