@@ -29,7 +29,7 @@ from __future__ import annotations
 import abc
 import operator
 import random
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar, Generic, Self, TypeVar, overload
 
@@ -58,23 +58,23 @@ class PluginContext:
 
 
 class Candidates(Sequence[WorkerSnapshot]):
-    """The workers that survived the filters, in input order, with a worker-id index.
+    """The workers that survived the filters, in input order, with lookup by worker id.
 
-    Sparse scorers name workers by id; the index (id → position) is built on first use, or
-    taken from ``index`` — a provider the framework passes when it keeps one across decisions.
-    Read-only, and valid during one decision only.
+    Sparse scorers name workers by id. The lookup is ``find`` when the framework has one that
+    persists across decisions, else an index built on first use. Read-only, and valid during
+    one decision only.
     """
 
-    __slots__ = ("_index", "_provider", "_workers")
+    __slots__ = ("_find", "_index", "_workers")
 
     def __init__(
         self,
         workers: Sequence[WorkerSnapshot],
-        index: Callable[[], Mapping[str, int]] | None = None,
+        find: Callable[[str], int | None] | None = None,
     ) -> None:
         self._workers = workers
-        self._provider = index
-        self._index: Mapping[str, int] | None = None
+        self._find = find
+        self._index: dict[str, int] | None = None
 
     def __len__(self) -> int:
         return len(self._workers)
@@ -91,15 +91,12 @@ class Candidates(Sequence[WorkerSnapshot]):
 
     def index_of(self, worker_id: str) -> int | None:
         """Position of the worker with this id, or ``None`` when it is not a candidate."""
-        index = self._index
-        if index is None:
-            if self._provider is not None:
-                index = self._provider()
-            else:
-                ids = map(_WORKER_ID, self._workers)
-                index = dict(zip(ids, range(len(self._workers)), strict=False))
-            self._index = index
-        return index.get(worker_id)
+        if self._find is not None:
+            return self._find(worker_id)
+        if self._index is None:
+            ids = map(_WORKER_ID, self._workers)
+            self._index = dict(zip(ids, range(len(self._workers)), strict=False))
+        return self._index.get(worker_id)
 
     def get(self, worker_id: str) -> WorkerSnapshot | None:
         i = self.index_of(worker_id)
@@ -109,11 +106,18 @@ class Candidates(Sequence[WorkerSnapshot]):
 @dataclass(frozen=True, slots=True)
 class Scored:
     """The picker's input: candidates and their weighted totals (aligned), and the framework's
-    random source for tie-breaking (seedable, so tests are deterministic)."""
+    random source for tie-breaking (seedable, so tests are deterministic).
+
+    ``shortlist``, when given, is a set of candidate indices that contains the ``depth`` best
+    candidates by total *and every candidate tied with them*; a picker that needs no more than
+    ``depth`` of the best may rank the shortlist instead of scanning all totals.
+    """
 
     candidates: Candidates
     totals: Sequence[float]
     rng: random.Random
+    shortlist: Collection[int] | None = None
+    depth: int = 0
 
 
 class Plugin(abc.ABC):
@@ -237,4 +241,5 @@ class PostPick(abc.ABC):
 
     @abc.abstractmethod
     def observe(self, query: RouteQuery, decision: Decision) -> None:
-        """Called once per non-empty decision, after it is final."""
+        """Called once per non-empty decision, after it is final (its timings are filled in
+        after every hook has run). Keep it cheap: it is on the decision path."""

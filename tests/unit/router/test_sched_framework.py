@@ -25,8 +25,10 @@ from services.router.scheduling.pickers.max_score import MaxScorePicker
 from services.router.scheduling.plugin import (
     Candidates,
     Filter,
+    Picker,
     PluginContext,
     PostPick,
+    Scored,
     Scorer,
     WorkerFilter,
 )
@@ -421,6 +423,37 @@ def test_plain_scorers_see_only_the_candidates_and_may_name_others() -> None:
     assert [r.worker.worker_id for r in decision.ranked] == ["a"]
 
 
+class RepeatingPicker(Picker):
+    """A broken picker: names the first candidate twice."""
+
+    TYPE: ClassVar[str] = "repeating"
+
+    @classmethod
+    def from_params(cls, params: Params, ctx: PluginContext) -> Self:
+        return cls()
+
+    def pick(self, query: RouteQuery, scored: Scored) -> tuple[int, ...]:
+        return (0, 0)
+
+
+class ShortFilter(RecordingFilter):
+    """A broken filter: answers for one worker less than it was given."""
+
+    TYPE: ClassVar[str] = "short"
+
+    def reject(self, workers: Sequence[WorkerSnapshot], key: str) -> list[str | None]:
+        return [None] * (len(workers) - 1)
+
+
+def test_plugins_that_break_the_contract_fail_loudly() -> None:
+    s = Scheduler(filters=[], scorers=[], picker=RepeatingPicker())
+    with pytest.raises(RuntimeError, match="picker 'repeating' returned invalid indices"):
+        s.schedule(q(), [w("a"), w("b")])
+    s = Scheduler(filters=[ShortFilter()], scorers=[], picker=MaxScorePicker())
+    with pytest.raises(RuntimeError, match="plugin 'short' answered 1 times for 2 workers"):
+        s.schedule(q(), [w("a"), w("b")])
+
+
 # --- incremental evaluation -----------------------------------------------------------------
 
 
@@ -454,43 +487,55 @@ def test_a_worker_whose_verdict_flips_moves_in_and_out_of_the_candidates() -> No
     assert decision.rejected == ()
 
 
-def _random_worker(rng: random.Random, i: int) -> WorkerSnapshot:
+def _random_worker(rng: random.Random, i: int, calm: bool) -> WorkerSnapshot:
+    """A random worker; ``calm`` ones are nearly all eligible (so that well over 32 candidates
+    remain and the shortlist is exercised), the others fail filters often."""
+    odd = 0.02 if calm else 0.3
     return w(
         f"w{i}",
         region=rng.choice(("eu", "us", "ap")),
-        models=(ModelStatus(rng.choice(("m", "m", "other")), rng.choice(list(ModelState))),),
-        healthy=rng.random() < 0.9,
+        models=(
+            ModelStatus(
+                "other" if rng.random() < odd else "m",
+                rng.choice(list(ModelState)) if rng.random() < odd else ModelState.READY,
+            ),
+        ),
+        healthy=rng.random() > odd / 3,
         rtt_ms=rng.choice((None, rng.uniform(1, 200))),
-        running=rng.randint(0, 110),
+        running=rng.randint(0, 90 if calm else 110),
         waiting=rng.randint(0, 3),
         max_running=100,
-        kv_cache_usage=rng.random(),
+        kv_cache_usage=rng.random() * (0.9 if calm else 1.0),
         tokens_per_second=rng.uniform(0, 3000),
         gpu_utilization=rng.choice((None, rng.random())),
         in_flight=rng.randint(0, 3),
-        recent_failures=rng.randint(0, 4),
-        report_age_s=rng.uniform(0, 4),
+        recent_failures=rng.randint(0, 1 if calm else 4),
+        report_age_s=rng.uniform(0, 2 if calm else 4),
     )
 
 
-def test_incremental_decisions_equal_decisions_from_scratch() -> None:
-    """A scheduler that has seen earlier worker lists must decide exactly as a fresh one."""
+@pytest.mark.parametrize(("n", "calm"), [(40, False), (150, True)])
+def test_incremental_decisions_equal_decisions_from_scratch(n: int, calm: bool) -> None:
+    """A scheduler that has seen earlier worker lists must decide exactly as a fresh one: same
+    ranking, scores, contributions, rejections and empty-decision verdicts."""
     profile = "deploy/router/profiles/default.yaml"
     rng = random.Random(5)
     clock = ManualClock()
     live = load_profile(profile, clock=clock, rng=random.Random(0))
-    rows = [_random_worker(rng, i) for i in range(40)]
+    rows = [_random_worker(rng, i, calm) for i in range(n)]
+    changes = (0, 1, 1, 2, 3) if calm else (0, 1, 1, 2, 5, 30)
     for step in range(300):
-        for _ in range(rng.choice((0, 1, 1, 2, 5, 30))):
+        for _ in range(rng.choice(changes)):
             i = rng.randrange(len(rows))
-            rows[i] = _random_worker(rng, i)
+            rows[i] = _random_worker(rng, i, calm)
         if rng.random() < 0.05:  # membership change
-            rows = rows[:-1] if rng.random() < 0.5 else [*rows, _random_worker(rng, len(rows))]
+            extra = _random_worker(rng, len(rows), calm)
+            rows = rows[:-1] if rng.random() < 0.5 else [*rows, extra]
         query = q(
-            model=rng.choice(("m", "m", "other", "nope")),
+            model=rng.choice(("m", "m", "m", "other", "nope")),
             priority=rng.choice(list(Priority)),
             allowed_regions=rng.choice((frozenset(), frozenset({"eu"}), frozenset({"us", "ap"}))),
-            exclude_worker_ids=frozenset({f"w{rng.randrange(40)}"})
+            exclude_worker_ids=frozenset({f"w{rng.randrange(n)}"})
             if rng.random() < 0.2
             else frozenset(),
         )
@@ -506,3 +551,4 @@ def test_incremental_decisions_equal_decisions_from_scratch() -> None:
         assert (got.empty_reason, got.retry_after_s) == (want.empty_reason, want.retry_after_s), (
             step
         )
+        assert got.explanation.split(" [")[0] == want.explanation.split(" [")[0], step
