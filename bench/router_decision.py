@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import platform
 import random
 import statistics
@@ -141,10 +142,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--profile", type=Path, default=PROFILE)
     args = p.parse_args(argv)
 
+    load1 = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
-        f"# {platform.python_implementation()} {platform.python_version()} on "
-        f"{platform.machine()} ({platform.processor() or 'unknown cpu'}); profile "
-        f"{args.profile.name}"
+        f"# {platform.python_implementation()} {platform.python_version()}, "
+        f"{os.cpu_count()} cpus, load average {load1:.2f} (other work on the box shows up in "
+        f"p99/max); profile {args.profile.name}"
     )
     print(
         f"{'workers':>7} {'scenario':>8} {'calls':>6} {'p50_us':>8} {'p99_us':>8} "

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from time import perf_counter_ns
@@ -167,7 +167,6 @@ class Scheduler:
 
         whole = kept is view.candidates  # no plain filter removed anyone: view indices hold
         candidates = Candidates(kept, view.find if whole else None)
-        shortlist, depth = view.shortlist() if whole else (None, 0)
         totals = list(base)  # the view's copy stays untouched; sparse scorers add to this one
         plain_scores: list[Mapping[str, float]] = []
         boosted: list[int] = []
@@ -181,11 +180,15 @@ class Scheduler:
                 if i is not None:
                     totals[i] += clamp(value) * share
                     boosted.append(i)
-        if shortlist is not None and boosted:
-            shortlist = shortlist.union(boosted)  # a boost may lift anyone into the top
+
+        def hint() -> tuple[Collection[int], int] | None:
+            found = view.shortlist()
+            if found is None or not boosted:
+                return found
+            return found[0].union(boosted), found[1]  # a boost may lift anyone into the top
 
         t0 = perf_counter_ns()
-        scored = Scored(candidates, totals, self._rng, shortlist, depth)
+        scored = Scored(candidates, totals, self._rng, hint if whole else None)
         order = self.picker.pick(query, scored)
         ns[self.picker.TYPE] += perf_counter_ns() - t0
         n = len(candidates)

@@ -78,6 +78,7 @@ class ClassView:
     __slots__ = (
         "candidates",
         "contributions",
+        "crowded",
         "depth",
         "empty",
         "floor",
@@ -110,6 +111,7 @@ class ClassView:
         self.short: set[int] | None = None
         self.floor = 0.0
         self.depth = 0
+        self.crowded = False  # too many ties for a shortlist; retried after a re-layout
         # input position → (snapshot, contributions of the memoised scorers), for ranked workers
         self.contributions: dict[int, tuple[WorkerSnapshot, tuple[Contribution, ...]]] = {}
         # (rejected, reason, retry, explanation) of the last empty decision, while it holds
@@ -125,17 +127,23 @@ class ClassView:
             return None
         return self.slot_of[p]
 
-    def shortlist(self) -> tuple[set[int] | None, int]:
+    def shortlist(self) -> tuple[set[int], int] | None:
         """Candidate indices holding the best ``depth`` totals and all their ties, and
-        ``depth``; ``(None, 0)`` when there are too few candidates for one to pay off."""
+        ``depth``; ``None`` when a shortlist would not pay off: few candidates, or so many
+        tied at the top that it would hold most of them (then until the next re-layout)."""
         totals = self.totals
-        if len(totals) <= _SHORTLIST:
-            return None, 0
+        if len(totals) <= _SHORTLIST or self.crowded:
+            return None
         short = self.short
         if short is None or self.depth < _MIN_DEPTH or len(short) > _MAX_SHORTLIST:
             self.floor = heapq.nlargest(_SHORTLIST, totals)[-1]
             slots = compress(range(len(totals)), map(_LE, repeat(self.floor), totals))
-            short = self.short = set(map(self.positions.__getitem__, slots))
+            short = set(map(self.positions.__getitem__, slots))
+            if len(short) > _MAX_SHORTLIST:
+                self.short = None
+                self.crowded = True
+                return None
+            self.short = short
             self.depth = len(short)
         verdicts, slot_of = self.verdicts, self.slot_of
         return {slot_of[p] for p in short if verdicts[p] is None}, self.depth
@@ -270,6 +278,7 @@ class Incremental:
         view.totals = list(compress(view.static, keep))
         # Running count of kept workers: a kept worker's candidate index.
         view.slot_of = list(accumulate(keep, initial=-1))[1:]
+        view.crowded = False
 
     def _patch(
         self,

@@ -108,16 +108,19 @@ class Scored:
     """The picker's input: candidates and their weighted totals (aligned), and the framework's
     random source for tie-breaking (seedable, so tests are deterministic).
 
-    ``shortlist``, when given, is a set of candidate indices that contains the ``depth`` best
-    candidates by total *and every candidate tied with them*; a picker that needs no more than
-    ``depth`` of the best may rank the shortlist instead of scanning all totals.
+    ``hint``, when the framework has one, computes on demand a shortlist: candidate indices
+    that contain the ``depth`` best candidates by total *and every candidate tied with them*.
     """
 
     candidates: Candidates
     totals: Sequence[float]
     rng: random.Random
-    shortlist: Collection[int] | None = None
-    depth: int = 0
+    hint: Callable[[], tuple[Collection[int], int] | None] | None = None
+
+    def shortlist(self) -> tuple[Collection[int], int] | None:
+        """``(indices, depth)``: a picker that needs no more than ``depth`` of the best may
+        rank these instead of scanning all totals. ``None`` when there is no shortlist."""
+        return None if self.hint is None else self.hint()
 
 
 class Plugin(abc.ABC):

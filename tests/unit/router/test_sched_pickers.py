@@ -73,7 +73,7 @@ def test_top_k_is_exact_with_or_without_a_shortlist() -> None:
 def test_max_score_uses_the_shortlist_only_when_it_is_deep_enough() -> None:
     totals = [0.1, 0.9, 0.5, 0.7]
     rows = scored(totals).candidates
-    deep = Scored(rows, totals, random.Random(0), shortlist={1, 3}, depth=2)
+    deep = Scored(rows, totals, random.Random(0), hint=lambda: ({1, 3}, 2))
     assert MaxScorePicker(max_candidates=2).pick(QUERY, deep) == (1, 3)
     # depth 2 < 3 wanted: the picker must scan everything instead of trusting {1, 3}
     assert MaxScorePicker(max_candidates=3).pick(QUERY, deep) == (1, 3, 2)

@@ -34,5 +34,6 @@ class MaxScorePicker(Picker):
 
     def pick(self, query: RouteQuery, scored: Scored) -> tuple[int, ...]:
         k = self.max_candidates
-        shortlist = scored.shortlist if k <= scored.depth else None
+        hint = scored.shortlist()
+        shortlist = hint[0] if hint is not None and k <= hint[1] else None
         return tuple(top_k(scored.totals, k, scored.rng, shortlist))
