@@ -9,9 +9,11 @@ import math
 import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Any, ClassVar, Self
 
 import pytest
+import yaml
 
 from services.common.clock import ManualClock
 from services.router.scheduling.filters.admission import AdmissionFilter
@@ -47,6 +49,7 @@ from services.router.scheduling.types import (
 )
 
 READY = (ModelStatus("m", ModelState.READY),)
+DEFAULT_PROFILE = Path(__file__).resolve().parents[3] / "deploy/router/profiles/default.yaml"
 
 
 def w(worker_id: str, **kw: Any) -> WorkerSnapshot:
@@ -198,6 +201,17 @@ def test_equal_workers_share_the_next_burst() -> None:
     primaries = Counter(s.schedule(q(), rows).ranked[0].worker.worker_id for _ in range(2000))
     assert set(primaries) == {"w0", "w1", "w2", "w3"}
     assert all(400 < n < 600 for n in primaries.values()), primaries
+
+
+def test_ties_spread_across_many_equal_workers_too() -> None:
+    """Beyond 32 candidates the framework ranks a shortlist; a crowd tied at the top must
+    still share the burst (the shortlist gives way to a full scan)."""
+    s = scheduler(WeightedScorer(LatencyScorer(), 1), k=1, seed=3)
+    rows = [w(f"w{i}", rtt_ms=10.0) for i in range(100)] + [w("slow", rtt_ms=90.0)]
+    primaries = Counter(s.schedule(q(), rows).ranked[0].worker.worker_id for _ in range(3000))
+    assert "slow" not in primaries
+    assert len(primaries) == 100
+    assert max(primaries.values()) < 70, primaries.most_common(3)
 
 
 def test_seeded_rng_makes_tie_breaks_reproducible() -> None:
@@ -518,7 +532,7 @@ def _random_worker(rng: random.Random, i: int, calm: bool) -> WorkerSnapshot:
 def test_incremental_decisions_equal_decisions_from_scratch(n: int, calm: bool) -> None:
     """A scheduler that has seen earlier worker lists must decide exactly as a fresh one: same
     ranking, scores, contributions, rejections and empty-decision verdicts."""
-    profile = "deploy/router/profiles/default.yaml"
+    profile = yaml.safe_load(DEFAULT_PROFILE.read_text())
     rng = random.Random(5)
     clock = ManualClock()
     live = load_profile(profile, clock=clock, rng=random.Random(0))
