@@ -12,14 +12,15 @@ Every plugin is a small class with a ``TYPE`` name (what profiles refer to) and 
 ``from_params`` factory that reads and validates its parameters. A scorer never knows its
 weight; the framework clamps scores to [0, 1], weights them and times every call.
 
-Two refinements, both for speed in CPython (see ``framework.py`` for the numbers):
+Two refinements, both for speed in CPython (see ``incremental.py``):
 
 - :class:`WorkerFilter` and :class:`WorkerScorer` are filters and scorers whose answer for a
   worker depends only on that worker's snapshot and a small *query key* (the model, the
   priority tier, the allowed regions...). They state the formula once, over a batch of workers,
-  and the framework memoises the answer per snapshot and key, so a warm decision over 1,000
-  workers costs a few passes at C speed instead of 1,000 x (number of plugins) Python calls.
-  They still implement the plain ``filter``/``score`` interface, for tests and other callers.
+  and the framework evaluates it only for the snapshots that changed since the previous
+  decision with the same keys, so a warm decision over 1,000 workers costs a few passes at C
+  speed instead of 1,000 x (number of plugins) Python calls. They still implement the plain
+  ``filter``/``score`` interface, for tests and other callers.
 - :meth:`Scorer.score` may return a *sparse* mapping: a worker it does not mention scores 0.
   The affinity scorers mention only the few workers that hold a session or a prefix.
 """
@@ -31,9 +32,10 @@ import operator
 import random
 from collections.abc import Callable, Collection, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Generic, Self, TypeVar, overload
+from typing import ClassVar, Generic, Self, TypeVar, overload
 
 from services.common.clock import SYSTEM_CLOCK, Clock
+from services.router.scheduling.params import Params
 from services.router.scheduling.types import (
     Decision,
     NoCandidate,
@@ -41,9 +43,6 @@ from services.router.scheduling.types import (
     RouteQuery,
     WorkerSnapshot,
 )
-
-if TYPE_CHECKING:
-    from services.router.scheduling.params import Params
 
 K = TypeVar("K", bound=Hashable)
 
@@ -158,8 +157,9 @@ class Filter(Plugin):
 class WorkerFilter(Filter, Generic[K]):
     """A filter whose verdict on a worker depends only on that worker and ``key(query)``.
 
-    The framework memoises verdicts per (snapshot, key): implement ``key`` (return ``None``
-    when the verdict does not depend on the query) and ``reject``, the formula over a batch.
+    The framework asks again only about snapshots it has not judged under the same keys:
+    implement ``key`` (return ``None`` when the verdict does not depend on the query) and
+    ``reject``, the formula over a batch. It must be a pure function of its arguments.
     """
 
     __slots__ = ()
@@ -202,8 +202,9 @@ class Scorer(Plugin):
 
 class WorkerScorer(Scorer, Generic[K]):
     """A scorer whose score for a worker depends only on that worker and ``key(query)``; the
-    framework memoises it per (snapshot, key). Implement ``key``, ``scores`` (the formula over a
-    batch, aligned with its input) and ``describe``."""
+    framework asks again only about snapshots it has not scored under the same keys. Implement
+    ``key``, ``scores`` (the formula over a batch, aligned with its input; pure) and
+    ``describe``."""
 
     __slots__ = ()
 
