@@ -9,7 +9,8 @@ The framework owns, in one place (GIE's ``scheduler_profile.go`` / ``weighted_sc
   workers, the rejections (which filter removed whom, and why), a one-line explanation, and the
   classification of an empty decision (``explain.py``);
 - timing every plugin call (``time.perf_counter_ns``), reported in microseconds per plugin type,
-  plus ``framework`` (everything else) and ``total``;
+  plus ``explain`` (contributions, details and the explanation line), ``framework`` (the rest)
+  and ``total``; a memoised plugin that had nothing new to evaluate reports 0;
 - the random source for tie-breaking (seedable for tests).
 
 Order of evaluation. :class:`WorkerFilter`\\ s and :class:`WorkerScorer`\\ s are evaluated
@@ -27,7 +28,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from time import perf_counter_ns
@@ -164,9 +165,11 @@ class Scheduler:
         if not kept:
             return self._empty(query, workers, view, rejected, ns, started)
 
-        candidates = Candidates(kept, view.index if kept is view.candidates else None)
+        whole = kept is view.candidates  # no plain filter removed anyone: view indices hold
+        candidates = Candidates(kept, view.find if whole else None)
         totals = list(base)  # the view's copy stays untouched; sparse scorers add to this one
         plain_scores: list[Mapping[str, float]] = []
+        boosted: list[int] = []
         for scorer, share in self._plain_scorers:
             t0 = perf_counter_ns()
             raw = scorer.score(query, candidates)
@@ -176,10 +179,21 @@ class Scheduler:
                 i = candidates.index_of(worker_id)
                 if i is not None:
                     totals[i] += clamp(value) * share
+                    boosted.append(i)
+
+        def hint() -> tuple[Collection[int], int] | None:
+            found = view.shortlist()
+            if found is None or not boosted:
+                return found
+            return found[0].union(boosted), found[1]  # a boost may lift anyone into the top
 
         t0 = perf_counter_ns()
-        order = self.picker.pick(query, Scored(candidates, totals, self._rng))
+        scored = Scored(candidates, totals, self._rng, hint if whole else None)
+        order = self.picker.pick(query, scored)
         ns[self.picker.TYPE] += perf_counter_ns() - t0
+        n = len(candidates)
+        if len(set(order)) != len(order) or not all(0 <= i < n for i in order):
+            raise RuntimeError(f"picker '{self.picker.TYPE}' returned invalid indices {order}")
 
         t0 = perf_counter_ns()
         ranked = self._ranked(query, order, candidates, positions, totals, view, plain_scores)

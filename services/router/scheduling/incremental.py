@@ -15,17 +15,27 @@ needs. A decision then costs:
 
 1. one C-level pass comparing the new list with the last one by identity
    (``compress(range(n), map(is_not, new, old))``);
-2. one batch call per plugin over the changed workers only, and patching their positions;
-3. a copy of the candidates' totals (which sparse scorers then adjust).
+2. one batch call per plugin over the changed workers only, and patching their positions
+   (plus a re-compaction, a few C-level passes, when a worker's verdict flipped);
+3. a copy of the candidates' totals (which sparse scorers then adjust);
+4. ranking a *shortlist* instead of all totals: the view keeps the set of workers scoring at
+   least a floor (the 32nd best total when the set was built), adds any candidate that climbs
+   to the floor, and counts how many kept members are still at or above it (``depth``): the
+   best ``depth`` candidates, and every candidate tied with them, are in the set. It is
+   rebuilt (one pass) when ``depth`` falls below 8 or the set grows past 128.
 
-A view is rebuilt from scratch when the worker list changes length, or for a class not seen
-before (or evicted: at most ``max_classes`` are kept, least recently used first). The view
-holds the snapshots it was built from, so identity comparison is sound: a snapshot cannot be
-freed, and its id reused, while a view refers to it.
+The shortlist and the worker-id index are keyed by input position, which a verdict flip does
+not move, so they survive re-compaction.
+
+A view is rebuilt from scratch when the worker list changes length, for a class not seen
+before (or evicted: at most ``max_classes`` are kept, least recently used first), or when more
+than half of the workers changed. The view holds the snapshots it was built from, so identity
+comparison is sound: a snapshot cannot be freed, and its id reused, while a view refers to it.
 """
 
 from __future__ import annotations
 
+import heapq
 import operator
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -45,7 +55,10 @@ from services.router.scheduling.types import (
 _WORKER_ID = operator.attrgetter("worker_id")
 _IS_NOT = operator.is_not
 _IS = operator.is_
-_NOT = operator.not_
+_LE = operator.le
+_SHORTLIST = 32  # members of a fresh shortlist (more on ties)
+_MIN_DEPTH = 8  # rebuild it when fewer kept members than this are known to be at the top
+_MAX_SHORTLIST = 4 * _SHORTLIST  # or when climbers have made it this long
 
 Timings = dict[str, int]
 
@@ -53,10 +66,11 @@ Timings = dict[str, int]
 class ClassView:
     """What the memoised plugins concluded about the current worker list, for one query class.
 
-    Arrays indexed by input position: ``workers``, ``verdicts`` (``None`` = kept), ``raw[k]``
-    (scorer k's unclamped score; 0 for rejected workers), ``static`` (Σ clamped score * share).
+    Indexed by input position: ``workers``, ``verdicts`` (``None`` = kept), ``raw[k]`` (scorer
+    k's unclamped score), ``static`` (Σ clamped score * share), ``slot_of`` (the worker's index
+    among the candidates; meaningless for rejected workers).
     Compacted, in input order: ``positions`` (input index of each candidate), ``candidates``,
-    ``totals``, and ``rejected`` (the rejections, as a tuple).
+    ``totals``; and ``rejected`` (the rejections, as a tuple).
 
     Read-only for callers; valid until the next decision of the same class.
     """
@@ -64,12 +78,16 @@ class ClassView:
     __slots__ = (
         "candidates",
         "contributions",
+        "crowded",
+        "depth",
         "empty",
-        "index_cache",
+        "floor",
         "keys",
+        "pos_of",
         "positions",
         "raw",
         "rejected",
+        "short",
         "slot_of",
         "static",
         "totals",
@@ -77,29 +95,73 @@ class ClassView:
         "workers",
     )
 
-    def __init__(self, keys: tuple[Hashable, ...], n_scorers: int) -> None:
+    def __init__(self, keys: tuple[Hashable, ...]) -> None:
         self.keys = keys
         self.workers: list[WorkerSnapshot] = []
         self.verdicts: list[Rejection | None] = []
-        self.raw: list[list[float]] = [[] for _ in range(n_scorers)]
+        self.raw: list[list[float]] = []
         self.static: list[float] = []
+        self.slot_of: list[int] = []
         self.positions: list[int] = []
-        self.slot_of: list[int] = []  # input index → index in candidates, or -1
         self.candidates: list[WorkerSnapshot] = []
         self.totals: list[float] = []
         self.rejected: tuple[Rejection, ...] = ()
-        self.index_cache: dict[str, int] | None = None
+        self.pos_of: dict[str, int] | None = None  # worker id → input position, built lazily
+        # Shortlist of input positions (see the module docstring); None: build on next use.
+        self.short: set[int] | None = None
+        self.floor = 0.0
+        self.depth = 0
+        self.crowded = False  # too many ties for a shortlist; retried after a re-layout
         # input position → (snapshot, contributions of the memoised scorers), for ranked workers
         self.contributions: dict[int, tuple[WorkerSnapshot, tuple[Contribution, ...]]] = {}
         # (rejected, reason, retry, explanation) of the last empty decision, while it holds
         self.empty: tuple[tuple[Rejection, ...], NoCandidate, float | None, str] | None = None
 
-    def index(self) -> dict[str, int]:
-        """Worker id → position in ``candidates`` (built on first use after a re-layout)."""
-        if self.index_cache is None:
-            ids = map(_WORKER_ID, self.candidates)
-            self.index_cache = dict(zip(ids, range(len(self.candidates)), strict=False))
-        return self.index_cache
+    def find(self, worker_id: str) -> int | None:
+        """The candidate index of the worker with this id, or ``None`` if it is not one."""
+        if self.pos_of is None:
+            ids = map(_WORKER_ID, self.workers)
+            self.pos_of = dict(zip(ids, range(len(self.workers)), strict=False))
+        p = self.pos_of.get(worker_id)
+        if p is None or self.verdicts[p] is not None:
+            return None
+        return self.slot_of[p]
+
+    def shortlist(self) -> tuple[set[int], int] | None:
+        """Candidate indices holding the best ``depth`` totals and all their ties, and
+        ``depth``; ``None`` when a shortlist would not pay off: few candidates, or so many
+        tied at the top that it would hold most of them (then until the next re-layout)."""
+        totals = self.totals
+        if len(totals) <= _SHORTLIST or self.crowded:
+            return None
+        short = self.short
+        if short is None or self.depth < _MIN_DEPTH or len(short) > _MAX_SHORTLIST:
+            self.floor = heapq.nlargest(_SHORTLIST, totals)[-1]
+            slots = compress(range(len(totals)), map(_LE, repeat(self.floor), totals))
+            short = set(map(self.positions.__getitem__, slots))
+            if len(short) > _MAX_SHORTLIST:
+                self.short = None
+                self.crowded = True
+                return None
+            self.short = short
+            self.depth = len(short)
+        verdicts, slot_of = self.verdicts, self.slot_of
+        return {slot_of[p] for p in short if verdicts[p] is None}, self.depth
+
+    def update(self, p: int, verdict: Rejection | None, total: float) -> None:
+        """Record position ``p``'s new verdict and total, keeping the shortlist's invariant:
+        every kept worker outside it totals below ``floor``, and ``depth`` kept members total
+        at least ``floor``."""
+        short = self.short
+        if short is not None:
+            floor = self.floor
+            was = p in short and self.verdicts[p] is None and self.static[p] >= floor
+            now = verdict is None and total >= floor
+            if now and p not in short:
+                short.add(p)
+            self.depth += now - was
+        self.verdicts[p] = verdict
+        self.static[p] = total
 
 
 class Incremental:
@@ -132,7 +194,7 @@ class Incremental:
         view = views.get(keys)
         n = len(workers)
         if view is None or len(view.workers) != n:
-            view = ClassView(keys, len(self._scorers))
+            view = ClassView(keys)
             views[keys] = view
             if len(views) > self._max_classes:
                 views.popitem(last=False)
@@ -167,7 +229,8 @@ class Incremental:
             t0 = perf_counter_ns()
             reasons = f.reject(subset, key)
             ns[f.TYPE] += perf_counter_ns() - t0
-            _check(f.TYPE, reasons, subset)
+            if len(reasons) != len(subset):
+                raise _miscounted(f.TYPE, reasons, subset)
             if reasons.count(None) == len(subset):
                 continue
             indices = range(size) if pending is None else pending
@@ -185,7 +248,8 @@ class Incremental:
             t0 = perf_counter_ns()
             values = s.scores(batch, key)
             ns[s.TYPE] += perf_counter_ns() - t0
-            _check(s.TYPE, values, batch)
+            if len(values) != size:
+                raise _miscounted(s.TYPE, values, batch)
             # The framework's clamp (see framework.clamp), inlined: NaN and below 0 → 0.
             sums = [
                 acc + (0.0 if not v > 0.0 else share if v > 1.0 else v * share)
@@ -200,17 +264,21 @@ class Incremental:
         view.verdicts = verdicts
         view.raw = raw
         view.static = static
+        view.pos_of = None
+        view.short = None
+        view.contributions = {}
         self._compact(view)
         view.rejected = tuple(compress(verdicts, map(_IS_NOT, verdicts, repeat(None))))  # type: ignore[arg-type]
 
-    def _compact(self, view: ClassView) -> None:
+    @staticmethod
+    def _compact(view: ClassView) -> None:
         keep = list(map(_IS, view.verdicts, repeat(None)))
         view.positions = list(compress(range(len(keep)), keep))
         view.candidates = list(compress(view.workers, keep))
         view.totals = list(compress(view.static, keep))
-        # Running count of kept workers: a kept worker's slot (meaningless for the others).
+        # Running count of kept workers: a kept worker's candidate index.
         view.slot_of = list(accumulate(keep, initial=-1))[1:]
-        view.index_cache = None
+        view.crowded = False
 
     def _patch(
         self,
@@ -221,38 +289,35 @@ class Incremental:
     ) -> None:
         batch = [workers[i] for i in changed]
         verdicts, raw, static = self._evaluate(view, batch, ns)
-        layout_changed = False
+        flipped = False
         rejections_changed = False
-        slot_of = view.slot_of
-        for j, i in enumerate(changed):
-            old = view.verdicts[i]
+        for j, p in enumerate(changed):
+            old = view.verdicts[p]
             new = verdicts[j]
-            if view.workers[i].worker_id != batch[j].worker_id:
-                layout_changed = True  # a different worker at this position: re-index
-            view.workers[i] = batch[j]
-            view.verdicts[i] = new
-            view.static[i] = static[j]
-            if old is not None or new is not None:
+            if old is not None and new is not None and old == new:
+                new = old  # rejected again for the same reason: the rejections stand as they are
+            if view.workers[p].worker_id != batch[j].worker_id:
+                view.pos_of = None  # a different worker at this position
+            view.workers[p] = batch[j]
+            view.update(p, new, static[j])
+            if old is not new:
                 rejections_changed = True
-                layout_changed = layout_changed or (old is None) != (new is None)
-            if new is None and not layout_changed:
-                c = slot_of[i]
+                flipped = flipped or (old is None) != (new is None)
+            if new is None and not flipped:
+                c = view.slot_of[p]
                 view.candidates[c] = batch[j]
                 view.totals[c] = static[j]
         for k, values in enumerate(raw):
             column = view.raw[k]
-            for j, i in enumerate(changed):
-                column[i] = values[j]
-        if layout_changed:
+            for j, p in enumerate(changed):
+                column[p] = values[j]
+        if flipped:
             self._compact(view)
         if rejections_changed:
             vs = view.verdicts
             view.rejected = tuple(compress(vs, map(_IS_NOT, vs, repeat(None))))  # type: ignore[arg-type]
 
 
-def _check(plugin: str, answers: Sequence[object], batch: Sequence[WorkerSnapshot]) -> None:
+def _miscounted(plugin: str, answers: Sequence[object], batch: Sequence[object]) -> RuntimeError:
     """A plugin must answer once per worker (checked once, so the loops can zip freely)."""
-    if len(answers) != len(batch):
-        raise RuntimeError(
-            f"plugin '{plugin}' answered {len(answers)} times for {len(batch)} workers"
-        )
+    return RuntimeError(f"plugin '{plugin}' answered {len(answers)} times for {len(batch)} workers")

@@ -12,14 +12,15 @@ Every plugin is a small class with a ``TYPE`` name (what profiles refer to) and 
 ``from_params`` factory that reads and validates its parameters. A scorer never knows its
 weight; the framework clamps scores to [0, 1], weights them and times every call.
 
-Two refinements, both for speed in CPython (see ``framework.py`` for the numbers):
+Two refinements, both for speed in CPython (see ``incremental.py``):
 
 - :class:`WorkerFilter` and :class:`WorkerScorer` are filters and scorers whose answer for a
   worker depends only on that worker's snapshot and a small *query key* (the model, the
   priority tier, the allowed regions...). They state the formula once, over a batch of workers,
-  and the framework memoises the answer per snapshot and key, so a warm decision over 1,000
-  workers costs a few passes at C speed instead of 1,000 x (number of plugins) Python calls.
-  They still implement the plain ``filter``/``score`` interface, for tests and other callers.
+  and the framework evaluates it only for the snapshots that changed since the previous
+  decision with the same keys, so a warm decision over 1,000 workers costs a few passes at C
+  speed instead of 1,000 x (number of plugins) Python calls. They still implement the plain
+  ``filter``/``score`` interface, for tests and other callers.
 - :meth:`Scorer.score` may return a *sparse* mapping: a worker it does not mention scores 0.
   The affinity scorers mention only the few workers that hold a session or a prefix.
 """
@@ -29,11 +30,12 @@ from __future__ import annotations
 import abc
 import operator
 import random
-from collections.abc import Callable, Hashable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Collection, Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar, Generic, Self, TypeVar, overload
+from typing import ClassVar, Generic, Self, TypeVar, overload
 
 from services.common.clock import SYSTEM_CLOCK, Clock
+from services.router.scheduling.params import Params
 from services.router.scheduling.types import (
     Decision,
     NoCandidate,
@@ -41,9 +43,6 @@ from services.router.scheduling.types import (
     RouteQuery,
     WorkerSnapshot,
 )
-
-if TYPE_CHECKING:
-    from services.router.scheduling.params import Params
 
 K = TypeVar("K", bound=Hashable)
 
@@ -58,23 +57,23 @@ class PluginContext:
 
 
 class Candidates(Sequence[WorkerSnapshot]):
-    """The workers that survived the filters, in input order, with a worker-id index.
+    """The workers that survived the filters, in input order, with lookup by worker id.
 
-    Sparse scorers name workers by id; the index (id → position) is built on first use, or
-    taken from ``index`` — a provider the framework passes when it keeps one across decisions.
-    Read-only, and valid during one decision only.
+    Sparse scorers name workers by id. The lookup is ``find`` when the framework has one that
+    persists across decisions, else an index built on first use. Read-only, and valid during
+    one decision only.
     """
 
-    __slots__ = ("_index", "_provider", "_workers")
+    __slots__ = ("_find", "_index", "_workers")
 
     def __init__(
         self,
         workers: Sequence[WorkerSnapshot],
-        index: Callable[[], Mapping[str, int]] | None = None,
+        find: Callable[[str], int | None] | None = None,
     ) -> None:
         self._workers = workers
-        self._provider = index
-        self._index: Mapping[str, int] | None = None
+        self._find = find
+        self._index: dict[str, int] | None = None
 
     def __len__(self) -> int:
         return len(self._workers)
@@ -91,15 +90,12 @@ class Candidates(Sequence[WorkerSnapshot]):
 
     def index_of(self, worker_id: str) -> int | None:
         """Position of the worker with this id, or ``None`` when it is not a candidate."""
-        index = self._index
-        if index is None:
-            if self._provider is not None:
-                index = self._provider()
-            else:
-                ids = map(_WORKER_ID, self._workers)
-                index = dict(zip(ids, range(len(self._workers)), strict=False))
-            self._index = index
-        return index.get(worker_id)
+        if self._find is not None:
+            return self._find(worker_id)
+        if self._index is None:
+            ids = map(_WORKER_ID, self._workers)
+            self._index = dict(zip(ids, range(len(self._workers)), strict=False))
+        return self._index.get(worker_id)
 
     def get(self, worker_id: str) -> WorkerSnapshot | None:
         i = self.index_of(worker_id)
@@ -109,11 +105,21 @@ class Candidates(Sequence[WorkerSnapshot]):
 @dataclass(frozen=True, slots=True)
 class Scored:
     """The picker's input: candidates and their weighted totals (aligned), and the framework's
-    random source for tie-breaking (seedable, so tests are deterministic)."""
+    random source for tie-breaking (seedable, so tests are deterministic).
+
+    ``hint``, when the framework has one, computes on demand a shortlist: candidate indices
+    that contain the ``depth`` best candidates by total *and every candidate tied with them*.
+    """
 
     candidates: Candidates
     totals: Sequence[float]
     rng: random.Random
+    hint: Callable[[], tuple[Collection[int], int] | None] | None = None
+
+    def shortlist(self) -> tuple[Collection[int], int] | None:
+        """``(indices, depth)``: a picker that needs no more than ``depth`` of the best may
+        rank these instead of scanning all totals. ``None`` when there is no shortlist."""
+        return None if self.hint is None else self.hint()
 
 
 class Plugin(abc.ABC):
@@ -151,8 +157,9 @@ class Filter(Plugin):
 class WorkerFilter(Filter, Generic[K]):
     """A filter whose verdict on a worker depends only on that worker and ``key(query)``.
 
-    The framework memoises verdicts per (snapshot, key): implement ``key`` (return ``None``
-    when the verdict does not depend on the query) and ``reject``, the formula over a batch.
+    The framework asks again only about snapshots it has not judged under the same keys:
+    implement ``key`` (return ``None`` when the verdict does not depend on the query) and
+    ``reject``, the formula over a batch. It must be a pure function of its arguments.
     """
 
     __slots__ = ()
@@ -195,8 +202,9 @@ class Scorer(Plugin):
 
 class WorkerScorer(Scorer, Generic[K]):
     """A scorer whose score for a worker depends only on that worker and ``key(query)``; the
-    framework memoises it per (snapshot, key). Implement ``key``, ``scores`` (the formula over a
-    batch, aligned with its input) and ``describe``."""
+    framework asks again only about snapshots it has not scored under the same keys. Implement
+    ``key``, ``scores`` (the formula over a batch, aligned with its input; pure) and
+    ``describe``."""
 
     __slots__ = ()
 
@@ -237,4 +245,5 @@ class PostPick(abc.ABC):
 
     @abc.abstractmethod
     def observe(self, query: RouteQuery, decision: Decision) -> None:
-        """Called once per non-empty decision, after it is final."""
+        """Called once per non-empty decision, after it is final (its timings are filled in
+        after every hook has run). Keep it cheap: it is on the decision path."""

@@ -202,7 +202,11 @@ class _Builder:
         else:
             picker = self.plugin(f"{where}.picker", body["picker"], "picker", seen)
         retry = body.get("unavailable_retry_after_s", 1.0)
-        if isinstance(retry, bool) or not isinstance(retry, int | float) or not retry >= 0:
+        if (
+            isinstance(retry, bool)
+            or not isinstance(retry, int | float)
+            or not (math.isfinite(retry) and retry >= 0)
+        ):
             self.problem(f"{where}.unavailable_retry_after_s", "must be a number >= 0")
         if len(self.problems) > before or not isinstance(picker, Picker):
             return None

@@ -11,7 +11,7 @@ from services.router.scheduling.pickers.max_score import MaxScorePicker
 from services.router.scheduling.pickers.round_robin import RoundRobinPicker
 from services.router.scheduling.pickers.weighted_random import WeightedRandomPicker
 from services.router.scheduling.plugin import Candidates, Scored
-from services.router.scheduling.ranking import TopK, top_k
+from services.router.scheduling.ranking import top_k
 from services.router.scheduling.types import RouteQuery, WorkerSnapshot
 
 QUERY = RouteQuery(request_id="r", model="m")
@@ -56,19 +56,27 @@ def test_ties_straddling_the_cut_are_sampled_uniformly() -> None:
     assert all(800 < n < 1200 for n in seconds.values()), seconds
 
 
-def test_top_k_is_exact_whatever_the_hint() -> None:
-    """The stateful TopK keeps a threshold hint between calls; a stale hint (scores moved up
-    or down a lot since) must cost speed, never correctness. Compared with a plain sort on
-    random lists without ties."""
+def test_top_k_is_exact_with_or_without_a_shortlist() -> None:
+    """Compared with a plain sort on random lists without ties: scanning all totals, or
+    ranking a shortlist that holds the best k (plus arbitrary others), gives the same answer."""
     rng = random.Random(11)
-    ranker = TopK(depth=4)
     for trial in range(300):
-        n = rng.randint(1, 60)
-        shift = rng.choice((0.0, 0.5, -0.5, 3.0))
-        totals = [rng.random() + shift for _ in range(n)]
+        n = rng.randint(1, 80)
+        totals = [rng.random() for _ in range(n)]
         k = rng.randint(1, 6)
         expected = sorted(range(n), key=totals.__getitem__, reverse=True)[:k]
-        assert ranker(totals, k, rng) == expected, trial
+        assert top_k(totals, k, rng) == expected, trial
+        shortlist = set(expected) | set(rng.sample(range(n), min(n, 5)))
+        assert top_k(totals, k, rng, shortlist) == expected, trial
+
+
+def test_max_score_uses_the_shortlist_only_when_it_is_deep_enough() -> None:
+    totals = [0.1, 0.9, 0.5, 0.7]
+    rows = scored(totals).candidates
+    deep = Scored(rows, totals, random.Random(0), hint=lambda: ({1, 3}, 2))
+    assert MaxScorePicker(max_candidates=2).pick(QUERY, deep) == (1, 3)
+    # depth 2 < 3 wanted: the picker must scan everything instead of trusting {1, 3}
+    assert MaxScorePicker(max_candidates=3).pick(QUERY, deep) == (1, 3, 2)
 
 
 def test_weighted_random_prefers_higher_scores_in_proportion() -> None:

@@ -5,18 +5,18 @@ primary fails before the first token. Equal totals are ordered at random (``rank
 shuffle, then stable sort) so identical workers share a burst instead of the first one in
 registry order taking all of it.
 
-Input: the weighted totals. Parameters: ``max_candidates`` (≥ 1, default 3). Keeps a
-threshold hint between decisions (``ranking.TopK``), so one instance per scheduler.
+Input: the weighted totals (and the framework's shortlist of the best, when it has one).
+Parameters: ``max_candidates`` (≥ 1, default 3).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import ClassVar, Self
 
 from services.router.scheduling.params import Params, require
 from services.router.scheduling.plugin import Picker, PluginContext, Scored
-from services.router.scheduling.ranking import TopK
+from services.router.scheduling.ranking import top_k
 from services.router.scheduling.types import RouteQuery
 
 
@@ -24,7 +24,6 @@ from services.router.scheduling.types import RouteQuery
 class MaxScorePicker(Picker):
     TYPE: ClassVar[str] = "max-score"
     max_candidates: int = 3
-    _top_k: TopK = field(default_factory=TopK, init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         require(self.max_candidates >= 1, "max_candidates", "must be >= 1")
@@ -34,4 +33,7 @@ class MaxScorePicker(Picker):
         return cls(max_candidates=params.integer("max_candidates", 3))
 
     def pick(self, query: RouteQuery, scored: Scored) -> tuple[int, ...]:
-        return tuple(self._top_k(scored.totals, self.max_candidates, scored.rng))
+        k = self.max_candidates
+        hint = scored.shortlist()
+        shortlist = hint[0] if hint is not None and k <= hint[1] else None
+        return tuple(top_k(scored.totals, k, scored.rng, shortlist))
