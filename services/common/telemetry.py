@@ -135,7 +135,7 @@ _BUCKETS_BY_NAME: Mapping[str, Sequence[float]] = {
     "gen_ai.server.request.duration": DURATION_BUCKETS,
     "gen_ai.client.token.usage": TOKEN_BUCKETS,
     "meridian.*.queue_time": DURATION_BUCKETS,
-    "meridian.*.duration_us": MICROSECOND_BUCKETS,
+    "meridian.router.*duration": MICROSECOND_BUCKETS,
 }
 
 

@@ -104,3 +104,19 @@ def test_incoming_traceparent_header_is_honoured() -> None:
 
 def test_no_context_means_no_metadata() -> None:
     assert inject_metadata() == ()
+
+
+def test_prometheus_names_match_what_the_exporter_writes() -> None:
+    from services.common import metric_names as mn
+
+    tel = telemetry.setup("x", env={})
+    tel.meter.create_counter(mn.EDGE_REQUESTS, unit="{request}").add(1)
+    tel.meter.create_histogram(mn.ROUTER_DECISION_DURATION, unit="us").record(3)
+    tel.meter.create_histogram(mn.TTFT, unit="s").record(0.1)
+    tel.meter.create_up_down_counter(mn.EDGE_ACTIVE_STREAMS, unit="{stream}").add(1)
+    names = {f.name for f in text_string_to_metric_families(tel.prometheus_text().decode())}
+    assert mn.prometheus_name(mn.EDGE_REQUESTS, "{request}") in names  # parser drops _total
+    assert mn.prometheus_name(mn.ROUTER_DECISION_DURATION, "us") in names
+    assert mn.prometheus_name(mn.TTFT, "s") in names
+    assert mn.prometheus_name(mn.EDGE_ACTIVE_STREAMS, "{stream}") in names
+    assert mn.prometheus_name(mn.EDGE_REQUESTS, "{request}", counter=True).endswith("_total")
