@@ -22,7 +22,7 @@ from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
 from services.edge.failover import FailoverPolicy
 from services.edge.guard import ConnectionGuard, GuardConfig, IpBuckets, Lifecycle, Occupancy
-from services.edge.pipeline import Next, build_chain
+from services.edge.pipeline import Next, Stage, TerminalStage, build_chain
 from services.edge.protocol import guard_middleware
 from services.edge.ratelimit.limiter import RateLimiter
 from services.edge.respond import Respond
@@ -54,9 +54,9 @@ DEPS = web.AppKey("deps", EdgeDeps)
 CHAT: web.AppKey[Next] = web.AppKey("chat_pipeline")
 
 
-def build_chat_pipeline(deps: EdgeDeps) -> Next:
-    """The declared order (services.edge.pipeline.CHAT_STAGE_ORDER), each stage built here."""
-    return build_chain(
+def chat_stages(deps: EdgeDeps) -> tuple[list[Stage], TerminalStage]:
+    """Every stage of the declared order (services.edge.pipeline.CHAT_STAGE_ORDER), built."""
+    return (
         [
             ConnectionGuard(streams=deps.streams, lifecycle=deps.lifecycle, counters=deps.counters),
             Authenticate(auth=deps.auth),
@@ -77,6 +77,11 @@ def build_chat_pipeline(deps: EdgeDeps) -> Next:
             write_timeout_s=deps.guard.write_timeout_s,
         ),
     )
+
+
+def build_chat_pipeline(deps: EdgeDeps) -> Next:
+    stages, terminal = chat_stages(deps)
+    return build_chain(stages, terminal)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
