@@ -34,7 +34,7 @@ from services.edge.ratelimit.limiter import FailureMode, RateLimitConfig
 from services.edge.routeview import ViewConfig
 from services.edge.server import EdgeConfig, EdgeServer
 from services.edge.stages import RequestLimits
-from services.edge.tls import TlsConfig
+from services.edge.tls import TlsConfig, server_context
 from services.edge.upstream import RouterClient
 
 log = logging.getLogger("meridian.edge")
@@ -222,6 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config = config_from_args(args)
         hasher = KeyHasher(load_pepper(file=args.key_pepper_file))
+        if config.tls is not None:
+            server_context(config.tls)  # unreadable certificates stop us here, not later
+
     except ValueError as err:
         parser.error(str(err))
     logs.configure("edge", args.log_level)
