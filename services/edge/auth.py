@@ -8,8 +8,9 @@ smaller map, so a client spraying random keys costs Redis little and cannot evic
 entries. Concurrent misses for one key share a single Redis lookup.
 
 Degraded mode: if Redis cannot be reached (or the shared breaker is open), a key verified
-within ``stale_ttl_s`` keeps working from the cache (counted as ``auth_stale_served``); any
-other key gets 503, since it cannot be checked.
+within ``stale_ttl_s`` keeps working from the cache (counted as ``auth_stale_served``) when
+the edge fails open (``serve_stale``); any other key gets 503, since it cannot be checked.
+An edge that fails closed serves only entries still fresh (within ``cache_ttl_s``).
 """
 
 from __future__ import annotations
@@ -94,8 +95,10 @@ class Authenticator:
         breaker: Breaker,
         counters: EdgeCounters,
         config: AuthConfig | None = None,
+        serve_stale: bool = True,
     ) -> None:
         self._directory = directory
+        self._serve_stale = serve_stale
         self._hasher = hasher
         self._clock = clock
         self._breaker = breaker
@@ -135,7 +138,11 @@ class Authenticator:
             principal = await self._lookup(digest)
         except (redis.exceptions.RedisError, OSError) as err:
             entry = self._cache.get(digest)
-            if entry is not None and entry.stale_until > self._clock.monotonic():
+            if (
+                self._serve_stale
+                and entry is not None
+                and entry.stale_until > self._clock.monotonic()
+            ):
                 self._counters.auth_stale_served += 1
                 return self._check(entry.principal)
             self._counters.auth_unavailable += 1

@@ -21,8 +21,6 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-import redis.asyncio as aioredis
-
 from services.common import logs, runtime
 from services.common.logs import event
 from services.common.net import parse_address
@@ -32,7 +30,7 @@ from services.edge.failover import FailoverPolicy
 from services.edge.guard import GuardConfig
 from services.edge.ratelimit.limiter import FailureMode, RateLimitConfig
 from services.edge.routeview import ViewConfig
-from services.edge.server import EdgeConfig, EdgeServer
+from services.edge.server import EdgeConfig, EdgeServer, connect_redis
 from services.edge.stages import RequestLimits
 from services.edge.tls import TlsConfig, server_context
 from services.edge.upstream import RouterClient
@@ -197,8 +195,12 @@ def config_from_args(args: argparse.Namespace) -> EdgeConfig:
 async def serve(
     config: EdgeConfig, hasher: KeyHasher, args: argparse.Namespace, stop: asyncio.Event
 ) -> None:
-    redis = aioredis.Redis.from_url(args.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
-    edge = EdgeServer(config=config, redis=redis, router=RouterClient(args.router), hasher=hasher)
+    edge = EdgeServer(
+        config=config,
+        redis=connect_redis(args.redis_url),
+        router=RouterClient(args.router),
+        hasher=hasher,
+    )
     await edge.start()
     runtime.write_ready_file(
         args.ready_file,

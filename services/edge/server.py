@@ -17,7 +17,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
+import redis.exceptions
 from aiohttp import web
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
 
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.edge.admin import AdminDeps, build_admin_app, token_digest
@@ -30,7 +33,7 @@ from services.edge.directory import Directory
 from services.edge.failover import FailoverPolicy
 from services.edge.guard import GuardConfig, IpBuckets, Lifecycle, Occupancy
 from services.edge.protocol import Listener
-from services.edge.ratelimit.limiter import RateLimitConfig, RateLimiter
+from services.edge.ratelimit.limiter import FailureMode, RateLimitConfig, RateLimiter
 from services.edge.ratelimit.redis_backend import RedisBackend
 from services.edge.ratelimit.window import LocalBackend
 from services.edge.routeview import ResilientRouter, ViewConfig
@@ -79,6 +82,19 @@ class EdgeConfig:
             raise ValueError("drain_grace_s and keepalive_after_s must be > 0")
 
 
+def connect_redis(url: str, *, timeout_s: float = 1.0) -> aioredis.Redis:
+    """The edge's Redis client: short timeouts (the breaker and the failure policy take over
+    quickly), and one immediate retry on a connection error, so that after a Redis restart a
+    pooled connection to the old process is replaced rather than failing a request. (Timeouts
+    are not retried: that would only double the wait before the failure policy applies.)"""
+    return aioredis.Redis.from_url(
+        url,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
+    )
+
+
 class EdgeServer:
     def __init__(
         self,
@@ -114,6 +130,7 @@ class EdgeServer:
             breaker=breaker,
             counters=self.counters,
             config=config.auth,
+            serve_stale=rl.failure_mode is FailureMode.OPEN,
         )
         self.router = ResilientRouter(
             client=router, clock=clock, counters=self.counters, config=config.view

@@ -22,7 +22,7 @@ from services.edge.app import EdgeDeps
 from services.edge.counters import EdgeCounters
 from services.edge.directory import Directory
 from services.edge.failover import FailoverPolicy
-from services.edge.server import EdgeConfig, EdgeServer
+from services.edge.server import EdgeConfig, EdgeServer, connect_redis
 from services.edge.stages import RequestLimits
 from services.edge.tenants import Tenant
 from services.edge.upstream import RouterClient
@@ -182,7 +182,7 @@ async def start_edge(
             request_limits=RequestLimits(max_body_bytes=max_body_bytes),
             keepalive_after_s=keepalive_after_s,
         )
-    redis = aioredis.Redis.from_url(redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
+    redis = connect_redis(redis_url)
     server = EdgeServer(
         config=config,
         redis=redis,

@@ -146,7 +146,7 @@ class RateLimiter:
         backend, ask, verdict = await self._decide(ask, now_ms)
         headers = rate_limit_headers(ask, verdict)
         if not verdict.admitted:
-            self._refused(ask, verdict, now_ms)
+            self._refused(ask, verdict, now_ms, remember=backend is self._redis)
             raise RateLimitExceeded(
                 refusal_message(ask, verdict),
                 retry_after_s=verdict.retry_after_ms / 1000 if verdict.retry_after_ms else None,
@@ -206,10 +206,14 @@ class RateLimiter:
         )
         return self._local, local_ask, self._local.admit_now(local_ask, now_ms)
 
-    def _refused(self, ask: Ask, verdict: Verdict, now_ms: int) -> None:
+    def _refused(self, ask: Ask, verdict: Verdict, now_ms: int, *, remember: bool) -> None:
+        """Count a refusal; remember Redis's RPM refusals (the local fallback's windows are
+        this replica's guess and must not outlive an outage)."""
         reason = verdict.reason
         if reason is Reason.REQUESTS:
             self._counters.rate_limited_requests += 1
+            if not remember:
+                return
             if len(self._denied_until) >= _MAX_DENIALS:
                 self._denied_until.clear()
             # Remember the refusing scope until *its own* next free slot (its oldest entry

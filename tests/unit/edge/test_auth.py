@@ -186,3 +186,28 @@ def test_bad_auth_config_is_refused() -> None:
         AuthConfig(cache_ttl_s=10, stale_ttl_s=5)
     with pytest.raises(ValueError, match="negative_ttl_s"):
         AuthConfig(negative_ttl_s=5, cache_ttl_s=2)
+
+
+async def test_an_edge_that_fails_closed_serves_nothing_stale(tmp_path: Path) -> None:
+    server = RedisProcess(tmp_path / "redis")
+    server.start()
+    env = await make_env(server.url)
+    closed = Authenticator(
+        directory=env.directory,
+        hasher=HASHER,
+        clock=env.clock,
+        breaker=Breaker(clock=env.clock, counters=env.counters),
+        counters=env.counters,
+        serve_stale=False,
+    )
+    try:
+        raw, _ = await env.directory.create_key("acme")
+        await closed.verify(raw)
+        server.stop()
+        await closed.verify(raw)  # still fresh: no Redis needed
+        env.clock.advance(2.0)
+        with pytest.raises(Unavailable):
+            await closed.verify(raw)
+    finally:
+        await env.client.aclose()
+        server.stop()
