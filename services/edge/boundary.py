@@ -44,9 +44,14 @@ async def error_boundary(request: web.Request, handler: Handler) -> web.StreamRe
         return error_response(PayloadTooLarge(f"request body is too large: {err.text}"))
     except web.HTTPNotFound:
         return error_response(NotFound(f"Unknown path: {request.method} {request.path}"))
-    except web.HTTPMethodNotAllowed:
-        err405 = InvalidRequest(f"method {request.method} is not allowed on {request.path}")
-        resp = error_response(err405)
+    except web.HTTPMethodNotAllowed as err:
+        allowed = ", ".join(sorted(err.allowed_methods))
+        resp = error_response(
+            InvalidRequest(
+                f"method {request.method} is not allowed on {request.path} (allowed: {allowed})"
+            ),
+            {"Allow": allowed},
+        )
         resp.set_status(405)
         return resp
     except web.HTTPException:

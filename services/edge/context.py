@@ -25,6 +25,7 @@ class ChatContext:
     principal: Principal | None = None  # set by authenticate
     body: ChatCompletionRequest | None = None  # set by validate
     prompt_tokens_estimate: int = 0  # set by validate
+    session_id: str = ""  # set by validate (x-session-id)
     lease: Lease | None = None  # set by admit
     route_request: router_pb2.RouteRequest | None = None  # set by route
     route: RouteResult | None = None  # set by route

@@ -9,6 +9,7 @@ order; the connection guard lives in :mod:`services.edge.guard`, admission in
 from __future__ import annotations
 
 import asyncio
+import re
 from dataclasses import dataclass
 
 from aiohttp import web
@@ -98,6 +99,7 @@ class Validate:
             )
         ctx.body = body
         ctx.prompt_tokens_estimate = estimate_prompt_tokens(body)
+        ctx.session_id = session_id(ctx.request)
         return await call_next(ctx)
 
     async def _read(self, request: web.Request) -> bytes:
@@ -115,6 +117,20 @@ class Validate:
             raise PayloadTooLarge(
                 f"request body is larger than {self._limits.max_body_bytes} bytes"
             ) from None
+
+
+_SESSION_RE = re.compile(r"^[\x20-\x7e]*$")
+MAX_SESSION_ID = 128
+
+
+def session_id(request: web.Request) -> str:
+    """``x-session-id`` (its first 128 characters), if it is printable ASCII; else 400."""
+    value = request.headers.get("x-session-id", "")[:MAX_SESSION_ID]
+    if not _SESSION_RE.match(value):
+        raise InvalidRequest(
+            "x-session-id must be printable ASCII", param="x-session-id", code="invalid_header"
+        )
+    return value
 
 
 class Route:
@@ -139,7 +155,7 @@ class Route:
             edge_site=self._site,
             prompt_tokens=ctx.prompt_tokens_estimate,
             max_tokens=body.effective_max_tokens() or 0,
-            session_id=ctx.request.headers.get("x-session-id", "")[:128],
+            session_id=ctx.session_id,
             prefix_hashes=prefix_hashes(body),
         )
         ctx.route_request = req
