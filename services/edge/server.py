@@ -19,6 +19,7 @@ from typing import Any
 import redis.asyncio as aioredis
 import redis.exceptions
 from aiohttp import web
+from redis.asyncio import BlockingConnectionPool
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
@@ -82,17 +83,27 @@ class EdgeConfig:
             raise ValueError("drain_grace_s and keepalive_after_s must be > 0")
 
 
-def connect_redis(url: str, *, timeout_s: float = 1.0) -> aioredis.Redis:
-    """The edge's Redis client: short timeouts (the breaker and the failure policy take over
-    quickly), and one immediate retry on a connection error, so that after a Redis restart a
-    pooled connection to the old process is replaced rather than failing a request. (Timeouts
-    are not retried: that would only double the wait before the failure policy applies.)"""
-    return aioredis.Redis.from_url(
+def connect_redis(
+    url: str, *, timeout_s: float = 1.0, max_connections: int = 256
+) -> aioredis.Redis:
+    """The edge's Redis client.
+
+    - a *blocking* pool of ``max_connections``: a burst waits (up to ``timeout_s``) for a
+      free connection instead of failing, and Redis never sees more than that many from us;
+    - short timeouts, so the breaker and the failure policy take over quickly;
+    - one immediate retry on a connection error, so that after a Redis restart a pooled
+      connection to the old process is replaced rather than failing a request (timeouts
+      are not retried: that would only double the wait before the failure policy applies).
+    """
+    pool = BlockingConnectionPool.from_url(
         url,
+        max_connections=max_connections,
+        timeout=timeout_s,
         socket_timeout=timeout_s,
         socket_connect_timeout=timeout_s,
         retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
     )
+    return aioredis.Redis.from_pool(pool)
 
 
 class EdgeServer:

@@ -28,13 +28,14 @@ from services.edge.ratelimit.types import Ask, Reason, Scope, ScopeState, Verdic
 RL_PREFIX = "meridian:rl:"
 
 # KEYS: for each scope i: window log, token hash, lease set (3 per scope).
-# ARGV: now_ms, window_ms, lease_ms, request id, tokens, then per scope: rpm, tpm, streams.
+# ARGV[1]: request id; ARGV[2]: "now_ms window_ms lease_ms tokens", then for each scope
+# "rpm tpm streams" (0: unlimited). Numbers travel as one string and the answer comes back as
+# one string: the client's encoding and parsing, not Redis, is what costs at this rate.
 ADMIT_LUA = """
-local now = tonumber(ARGV[1])
-local window = tonumber(ARGV[2])
-local lease = tonumber(ARGV[3])
-local rid = ARGV[4]
-local need = tonumber(ARGV[5])
+local rid = ARGV[1]
+local nums = {}
+for v in string.gmatch(ARGV[2], '%d+') do nums[#nums + 1] = tonumber(v) end
+local now, window, lease, need = nums[1], nums[2], nums[3], nums[4]
 local n = #KEYS / 3
 local cutoff = now - window
 
@@ -88,10 +89,10 @@ end
 local state = {}
 for i = 1, n do
   local w, t, c = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
-  local base = 5 + 3 * (i - 1)
-  local rpm = tonumber(ARGV[base + 1])
-  local tpm = tonumber(ARGV[base + 2])
-  local smax = tonumber(ARGV[base + 3])
+  local base = 4 + 3 * (i - 1)
+  local rpm = nums[base + 1]
+  local tpm = nums[base + 2]
+  local smax = nums[base + 3]
   local count, used, streams = 0, 0, 0
   if rpm > 0 or tpm > 0 then
     purge(w, t)
@@ -133,7 +134,8 @@ if reason == '' then
   end
 end
 
-local out = {reason, reason_scope, retry}
+-- "reason scope retry_ms" then per scope " requests tokens streams reset_ms"
+local out = {reason == '' and '-' or reason, reason_scope, retry}
 for i = 1, n do
   local s = state[i]
   local reset = 0
@@ -141,12 +143,9 @@ for i = 1, n do
     local o = oldest(KEYS[3 * i - 2])
     if o then reset = o + window - now end
   end
-  out[#out + 1] = s[1]
-  out[#out + 1] = s[2]
-  out[#out + 1] = s[3]
-  out[#out + 1] = reset
+  out[#out + 1] = string.format('%d %d %d %d', s[1], s[2], s[3], reset)
 end
-return out
+return table.concat(out, ' ')
 """
 
 # KEYS: as for admit. ARGV: request id, tokens used.
@@ -185,25 +184,34 @@ class RedisBackend:
 
     async def admit(self, ask: Ask, now_ms: int) -> Verdict:
         keys: list[str] = []
-        args: list[str | int] = [now_ms, self._window_ms, self._lease_ms, ask.request_id]
-        args.append(ask.tokens)
+        numbers = [now_ms, self._window_ms, self._lease_ms, ask.tokens]
         for scope in ask.scopes:
             keys.extend(scope_keys(scope))
-            args.extend(limit_args(scope.limits))
-        raw = await self._admit(keys=keys, args=args)
-        reason_raw, scope_index, retry = raw[0], int(raw[1]), int(raw[2])
-        states = tuple(
-            ScopeState(int(raw[j]), int(raw[j + 1]), int(raw[j + 2]), int(raw[j + 3]))
-            for j in range(3, len(raw), 4)
-        )
-        reason_text = reason_raw.decode() if isinstance(reason_raw, bytes) else str(reason_raw)
-        if not reason_text:
+            numbers.extend(limit_args(scope.limits))
+        raw = await self._admit(keys=keys, args=[ask.request_id, " ".join(map(str, numbers))])
+        fields = (raw.decode() if isinstance(raw, bytes) else str(raw)).split()
+        reason_text, scope_index, retry = fields[0], int(fields[1]), int(fields[2])
+        values = [int(v) for v in fields[3:]]
+        states = tuple(ScopeState(*values[j : j + 4]) for j in range(0, len(values), 4))
+        if reason_text == "-":
             return Verdict(True, states)
         return Verdict(False, states, Reason(reason_text), scope_index, retry)
 
     async def settle(self, ask: Ask, used_tokens: int, now_ms: int) -> None:
-        keys = [k for scope in ask.scopes for k in scope_keys(scope)]
-        await self._settle(keys=keys, args=[ask.request_id, used_tokens])
+        await self.settle_many([(ask, used_tokens)], now_ms)
+
+    async def settle_many(self, items: Sequence[tuple[Ask, int]], now_ms: int) -> None:
+        """Settle several requests in one pipelined round trip (each settle stays atomic)."""
+        if len(items) == 1:
+            ask, used = items[0]
+            keys = [k for scope in ask.scopes for k in scope_keys(scope)]
+            await self._settle(keys=keys, args=[ask.request_id, used])
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for ask, used in items:
+                keys = [k for scope in ask.scopes for k in scope_keys(scope)]
+                await self._settle(keys=keys, args=[ask.request_id, used], client=pipe)
+            await pipe.execute()
 
     async def renew(self, asks: Sequence[Ask], now_ms: int) -> None:
         """Extend the leases of live streams (one pipelined round trip for all of them)."""

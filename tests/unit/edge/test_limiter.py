@@ -215,3 +215,28 @@ async def test_renewal_extends_the_leases_of_live_requests(live: aioredis.Redis)
 def test_bad_limiter_config_is_refused(config: dict[str, object], message: str) -> None:
     with pytest.raises(ValueError, match=message):
         RateLimitConfig(**config)  # type: ignore[arg-type]
+
+
+async def test_a_burst_of_settles_is_group_committed_and_all_applied(
+    live: aioredis.Redis,
+) -> None:
+    limiter = make(live, ManualClock(), EdgeCounters())
+    leases = [await limiter.admit(ask(100, tpm=10_000, max_streams=50)) for _ in range(50)]
+    for lease in leases:
+        limiter.settle(lease, 10)  # 49 of them queue behind the first round trip
+    await limiter.close()
+    (scope,) = leases[0].ask.scopes
+    _, tokens, streams = scope_keys(scope)
+    assert await live.zcard(streams) == 0
+    assert int(await live.hget(tokens, "#sum")) == 500
+
+
+async def test_settles_that_cannot_reach_redis_are_each_counted(dead: aioredis.Redis) -> None:
+    counters = EdgeCounters()
+    limiter = make(dead, ManualClock(), counters, failure_mode=FailureMode.OPEN)
+    backend = limiter._redis
+    assert backend is not None
+    for _ in range(3):
+        limiter.settle(Lease(ask(max_streams=1), backend), 1)
+    await limiter.close()
+    assert counters.settle_failures == 3
