@@ -1,103 +1,148 @@
-"""API keys, stored only as hashes in Redis.
+"""API keys: their format, how they are hashed, and the record stored for each.
 
-A key looks like ``mk-`` + 43 URL-safe characters (256 random bits). Only its SHA-256 is ever
-stored or logged (as ``key_id``, the first 12 hex characters of the hash); because keys are
-high-entropy random strings, a fast hash is the right tool (there is nothing to brute-force).
-Lookup is by hash, so the raw key is never compared character by character anywhere.
+A key looks like ``mk-`` + 43 URL-safe characters (256 random bits). It is never stored or
+logged: Redis holds only ``HMAC-SHA256(pepper, key)``, where the *pepper* is a server-side
+secret loaded from a file or the environment (never from Redis, never logged). A dump of Redis
+alone therefore cannot even confirm a guessed key. Because keys are high-entropy random
+strings, a fast keyed hash is the right tool (there is nothing to brute-force; a slow KDF would
+only cost every request).
 
-Redis layout (``meridian:`` prefix):
-
-    apikey:{sha256}   hash   tenant, key_id, created_ms, [revoked_ms], [name]
-    tenant:{id}:keys  set    sha256 of each key of the tenant
-
-Verified keys are cached at the edge for ``cache_ttl_s`` so the hot path rarely touches Redis;
-a revoked key stops working within that TTL on every edge replica.
+Lookup is *by* digest (the Redis key name), so no raw key or digest is compared character by
+character anywhere; ``key_id`` — the first 12 hex characters of the digest — names a key in
+logs, the admin API and rate-limit state.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
+import os
 import re
 import secrets
-import time
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
 
-import redis.asyncio as aioredis
-
-from services.common.clock import Clock
+from services.edge.tenants import Limits
 
 KEY_PREFIX = "mk-"
 _KEY_RE = re.compile(r"^mk-[A-Za-z0-9_-]{43}$")
-NS = "meridian:"
+KEY_ID_CHARS = 12
+PEPPER_ENV = "MERIDIAN_KEY_PEPPER"
+MIN_PEPPER_BYTES = 16
 
 
 def new_raw_key() -> str:
     return KEY_PREFIX + secrets.token_urlsafe(32)
 
 
-def key_hash(raw: str) -> str:
-    return hashlib.sha256(raw.encode()).hexdigest()
-
-
 def looks_like_key(raw: str) -> bool:
     return bool(_KEY_RE.match(raw))
 
 
-def _text(value: bytes | str | None) -> str:
-    if value is None:
-        return ""
-    return value.decode() if isinstance(value, bytes) else value
+def new_pepper() -> str:
+    """A fresh pepper, printable (for a file or an environment variable)."""
+    return secrets.token_urlsafe(32)
 
 
-@dataclass(frozen=True, slots=True)
+class KeyHasher:
+    """``HMAC-SHA256(pepper, key)``, hex. Holds the pepper; never shows it."""
+
+    __slots__ = ("_pepper",)
+
+    def __init__(self, pepper: bytes) -> None:
+        if len(pepper) < MIN_PEPPER_BYTES:
+            raise ValueError(f"the key pepper must be at least {MIN_PEPPER_BYTES} bytes")
+        self._pepper = pepper
+
+    def digest(self, raw: str) -> str:
+        return hmac.new(self._pepper, raw.encode(), hashlib.sha256).hexdigest()
+
+    def __repr__(self) -> str:
+        return "KeyHasher(pepper=<hidden>)"
+
+
+def load_pepper(*, file: Path | None, env: Mapping[str, str] = os.environ) -> bytes:
+    """The pepper from ``file`` (first line) or else ``$MERIDIAN_KEY_PEPPER``.
+
+    Raises ValueError, naming the source but never the value, if neither gives one that is
+    long enough.
+    """
+    if file is not None:
+        try:
+            value = file.read_text().strip()
+        except OSError as err:
+            raise ValueError(f"cannot read the key pepper file {file}: {err.strerror}") from None
+        source = str(file)
+    else:
+        value = env.get(PEPPER_ENV, "").strip()
+        source = f"${PEPPER_ENV}"
+    if not value:
+        raise ValueError(f"no key pepper: set {PEPPER_ENV} or pass a pepper file")
+    if len(value.encode()) < MIN_PEPPER_BYTES:
+        raise ValueError(f"the key pepper from {source} is shorter than {MIN_PEPPER_BYTES} bytes")
+    return value.encode()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class KeyRecord:
+    """What Redis knows about a key (never the key itself)."""
+
     key_id: str
     tenant: str
     name: str = ""
+    created_ms: int = 0
+    expires_ms: int | None = None  # set by rotation with a grace period, or at creation
+    revoked_ms: int | None = None
+    limits: Limits | None = field(default=None)  # overrides the tenant's per-key limits
 
+    def usable(self, now_ms: int) -> bool:
+        if self.revoked_ms is not None:
+            return False
+        return self.expires_ms is None or now_ms < self.expires_ms
 
-class ApiKeyStore:
-    def __init__(self, *, redis: aioredis.Redis, clock: Clock, cache_ttl_s: float = 2.0) -> None:
-        self._redis = redis
-        self._clock = clock
-        self._cache_ttl_s = cache_ttl_s
-        self._cache: dict[str, tuple[float, KeyRecord | None]] = {}
+    def to_fields(self) -> dict[str, str]:
+        out = {"key_id": self.key_id, "tenant": self.tenant, "name": self.name}
+        out["created_ms"] = str(self.created_ms)
+        if self.expires_ms is not None:
+            out["expires_ms"] = str(self.expires_ms)
+        if self.revoked_ms is not None:
+            out["revoked_ms"] = str(self.revoked_ms)
+        if self.limits is not None:
+            out["limits"] = self.limits.model_dump_json()
+        return out
 
-    async def create(self, tenant: str, name: str = "") -> tuple[str, KeyRecord]:
-        """Make a new key for ``tenant``. The raw key is returned once and never stored."""
-        raw = new_raw_key()
-        digest = key_hash(raw)
-        record = KeyRecord(key_id=digest[:12], tenant=tenant, name=name)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(
-                f"{NS}apikey:{digest}",
-                mapping={
-                    "tenant": tenant,
-                    "key_id": record.key_id,
-                    "name": name,
-                    "created_ms": int(time.time() * 1000),
-                },
-            )
-            pipe.sadd(f"{NS}tenant:{tenant}:keys", digest)
-            await pipe.execute()
-        return raw, record
+    @classmethod
+    def from_fields(cls, fields: Mapping[bytes | str, bytes | str]) -> KeyRecord:
+        def text(name: str) -> str:
+            value = fields.get(name.encode(), fields.get(name))
+            if value is None:
+                return ""
+            return value.decode() if isinstance(value, bytes) else value
 
-    async def verify(self, raw: str) -> KeyRecord | None:
-        """The key's record if it exists and is not revoked; cached briefly (also misses)."""
-        digest = key_hash(raw)
-        now = self._clock.monotonic()
-        hit = self._cache.get(digest)
-        if hit is not None and hit[0] > now:
-            return hit[1]
-        fields = await self._redis.hgetall(f"{NS}apikey:{digest}")
-        record: KeyRecord | None = None
-        if fields and b"revoked_ms" not in fields:
-            record = KeyRecord(
-                key_id=_text(fields.get(b"key_id")),
-                tenant=_text(fields.get(b"tenant")),
-                name=_text(fields.get(b"name")),
-            )
-        if len(self._cache) > 100_000:
-            self._cache.clear()
-        self._cache[digest] = (now + self._cache_ttl_s, record)
-        return record
+        def number(name: str) -> int | None:
+            value = text(name)
+            return int(value) if value else None
+
+        limits = text("limits")
+        return cls(
+            key_id=text("key_id"),
+            tenant=text("tenant"),
+            name=text("name"),
+            created_ms=number("created_ms") or 0,
+            expires_ms=number("expires_ms"),
+            revoked_ms=number("revoked_ms"),
+            limits=Limits.model_validate_json(limits) if limits else None,
+        )
+
+    def public(self) -> dict[str, object]:
+        """The admin API's view of the record."""
+        return {
+            "key_id": self.key_id,
+            "tenant": self.tenant,
+            "name": self.name,
+            "created_ms": self.created_ms,
+            "expires_ms": self.expires_ms,
+            "revoked_ms": self.revoked_ms,
+            "limits": self.limits.model_dump() if self.limits else None,
+        }

@@ -1,97 +1,99 @@
-"""The edge's aiohttp application: routes, the chat pipeline and the error boundary.
+"""The edge's public aiohttp application: routes, the chat pipeline and the error boundary.
 
-Dependencies (Redis, router client, worker pool, clock) are built by the caller and stored
-under typed ``web.AppKey``s; nothing here reads globals or the environment.
+Dependencies (Redis, authenticator, limiter, router, worker pool, clock) are built by the
+caller (:mod:`services.edge.server`) and stored under typed ``web.AppKey``s; nothing here reads
+globals or the environment. The admin API is a separate application on its own port
+(:mod:`services.edge.admin`) and is never mounted here.
 """
 
 from __future__ import annotations
 
-import logging
 import uuid
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 import redis.exceptions
 from aiohttp import web
-from aiohttp.typedefs import Handler
 
-from services.common.errors import (
-    InternalError,
-    InvalidRequest,
-    MeridianError,
-    NotFound,
-    PayloadTooLarge,
-)
-from services.edge.apikeys import ApiKeyStore
+from services.edge.admit import Admit
+from services.edge.auth import Authenticator
+from services.edge.boundary import RESPONSE_HEADERS, error_boundary
 from services.edge.context import ChatContext
+from services.edge.counters import EdgeCounters
 from services.edge.failover import FailoverPolicy
-from services.edge.pipeline import Next, build_chain
+from services.edge.guard import ConnectionGuard, GuardConfig, IpBuckets, Lifecycle, Occupancy
+from services.edge.pipeline import Next, Stage, TerminalStage, build_chain
+from services.edge.protocol import guard_middleware
+from services.edge.ratelimit.limiter import RateLimiter
 from services.edge.respond import Respond
-from services.edge.stages import Authenticate, Route, Validate, authenticate
-from services.edge.upstream import RouterClient, WorkerPool
+from services.edge.routeview import ResilientRouter
+from services.edge.stages import Authenticate, RequestLimits, Route, Validate
+from services.edge.upstream import WorkerPool
 
-log = logging.getLogger("meridian.edge")
 
-
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class EdgeDeps:
     redis: aioredis.Redis
-    keys: ApiKeyStore
-    router: RouterClient
+    auth: Authenticator
+    limiter: RateLimiter
+    router: ResilientRouter
     workers: WorkerPool
+    counters: EdgeCounters
+    lifecycle: Lifecycle
+    connections: Occupancy
+    streams: Occupancy
+    ip_buckets: IpBuckets
     site: str
     policy: FailoverPolicy
-    max_body_bytes: int = 4 * 1024 * 1024
+    guard: GuardConfig
+    request_limits: RequestLimits
     keepalive_after_s: float = 3.0
 
 
 DEPS = web.AppKey("deps", EdgeDeps)
 CHAT: web.AppKey[Next] = web.AppKey("chat_pipeline")
-REQUEST_ID = web.RequestKey("request_id", str)
 
 
-def error_response(err: MeridianError, request_id: str | None = None) -> web.Response:
-    headers = {}
-    if err.retry_after_s is not None:
-        headers["Retry-After"] = str(max(1, round(err.retry_after_s)))
-    if request_id:
-        headers["x-request-id"] = request_id
-    return web.json_response(err.to_openai(), status=err.http_status, headers=headers)
+def chat_stages(deps: EdgeDeps) -> tuple[list[Stage], TerminalStage]:
+    """Every stage of the declared order (services.edge.pipeline.CHAT_STAGE_ORDER), built."""
+    return (
+        [
+            ConnectionGuard(streams=deps.streams, lifecycle=deps.lifecycle, counters=deps.counters),
+            Authenticate(auth=deps.auth),
+            Validate(
+                limits=deps.request_limits,
+                body_timeout_s=deps.guard.body_timeout_s,
+                counters=deps.counters,
+            ),
+            Admit(limiter=deps.limiter),
+            Route(router=deps.router, site=deps.site),
+        ],
+        Respond(
+            router=deps.router,
+            workers=deps.workers,
+            policy=deps.policy,
+            counters=deps.counters,
+            keepalive_after_s=deps.keepalive_after_s,
+            write_timeout_s=deps.guard.write_timeout_s,
+        ),
+    )
 
 
-@web.middleware
-async def error_boundary(request: web.Request, handler: Handler) -> web.StreamResponse:
-    """Every failure leaves in OpenAI's error format; nothing leaks a stack trace."""
-    try:
-        return await handler(request)
-    except MeridianError as err:
-        return error_response(err, request.get(REQUEST_ID))
-    except web.HTTPRequestEntityTooLarge:
-        limit = request.app[DEPS].max_body_bytes
-        return error_response(PayloadTooLarge(f"request body is larger than {limit} bytes"))
-    except web.HTTPNotFound:
-        return error_response(NotFound(f"Unknown path: {request.method} {request.path}"))
-    except web.HTTPMethodNotAllowed:
-        return error_response(
-            InvalidRequest(f"method {request.method} is not allowed on {request.path}"),
-        )
-    except web.HTTPException:
-        raise
-    except Exception:  # the boundary: log with trace, answer in the API's format
-        log.exception("unhandled error", extra={"meridian_fields": {"path": request.path}})
-        return error_response(InternalError("internal error"), request.get(REQUEST_ID))
+def build_chat_pipeline(deps: EdgeDeps) -> Next:
+    stages, terminal = chat_stages(deps)
+    return build_chain(stages, terminal)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    request[REQUEST_ID] = request_id
     ctx = ChatContext(request=request, request_id=request_id, headers={"x-request-id": request_id})
+    request[RESPONSE_HEADERS] = ctx.headers
     return await request.app[CHAT](ctx)
 
 
 async def list_models(request: web.Request) -> web.Response:
     deps = request.app[DEPS]
-    await authenticate(deps.keys, request)
+    await deps.auth.from_request(request)
     served = await deps.router.list_models()
     return web.json_response(
         {
@@ -116,14 +118,17 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Ready when Redis answers and the router knows at least one servable model."""
+    """Ready when not draining, Redis answers and some model is servable (by the router, or
+    by its last view while it is unreachable)."""
     deps = request.app[DEPS]
     checks: dict[str, bool] = {}
     try:
         checks["redis"] = bool(await deps.redis.ping())
-    except redis.exceptions.RedisError:
+    except (redis.exceptions.RedisError, OSError):
         checks["redis"] = False
     checks["router"] = await deps.router.ready()
+    if deps.lifecycle.draining:
+        return web.json_response({"status": "draining", "checks": checks}, status=503)
     ok = all(checks.values())
     return web.json_response(
         {"status": "ready" if ok else "not ready", "checks": checks}, status=200 if ok else 503
@@ -131,21 +136,15 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 def build_app(deps: EdgeDeps) -> web.Application:
-    app = web.Application(middlewares=[error_boundary], client_max_size=deps.max_body_bytes)
-    app[DEPS] = deps
-    app[CHAT] = build_chain(
-        [
-            Authenticate(keys=deps.keys),
-            Validate(),
-            Route(router=deps.router, site=deps.site),
+    app = web.Application(
+        middlewares=[
+            error_boundary,
+            guard_middleware(buckets=deps.ip_buckets, counters=deps.counters),
         ],
-        Respond(
-            router=deps.router,
-            workers=deps.workers,
-            policy=deps.policy,
-            keepalive_after_s=deps.keepalive_after_s,
-        ),
+        client_max_size=deps.request_limits.max_body_bytes,
     )
+    app[DEPS] = deps
+    app[CHAT] = build_chat_pipeline(deps)
     app.router.add_post("/v1/chat/completions", chat_completions)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/healthz", healthz)

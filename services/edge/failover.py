@@ -32,7 +32,7 @@ from services.common.errors import (
     is_retryable_elsewhere,
 )
 from services.common.logs import event
-from services.edge.upstream import GenerateCall, RouterClient, RouteResult, WorkerPool
+from services.edge.upstream import GenerateCall, RouteResult, RouterLike, WorkerPool
 
 log = logging.getLogger("meridian.edge.failover")
 
@@ -62,7 +62,7 @@ class UpstreamStream:
         candidate: router_pb2.Candidate,
         decision_id: str,
         attempts: int,
-        router: RouterClient,
+        router: RouterLike,
         idle_timeout_s: float,
         started: float,
     ) -> None:
@@ -128,7 +128,7 @@ def _stream_error(err: grpc.aio.AioRpcError) -> MeridianError:
 
 async def open_stream(
     *,
-    router: RouterClient,
+    router: RouterLike,
     workers: WorkerPool,
     route_request: router_pb2.RouteRequest,
     first_route: RouteResult,
@@ -192,7 +192,7 @@ async def open_stream(
 
 async def _attempt(
     *,
-    router: RouterClient,
+    router: RouterLike,
     workers: WorkerPool,
     cand: router_pb2.Candidate,
     decision_id: str,

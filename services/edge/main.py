@@ -1,9 +1,14 @@
 """``python -m services.edge``: one edge replica.
 
-    python -m services.edge --port 8080 --redis-url redis://127.0.0.1:6379/0 \\
-        --router 127.0.0.1:50051 --site seoul
+    python -m services.edge --port 8443 --tls-cert edge.crt --tls-key edge.key \\
+        --redis-url redis://127.0.0.1:6379/0 --router 127.0.0.1:50051 --site seoul \\
+        --key-pepper-file /run/secrets/key-pepper \\
+        --admin-port 9090 --admin-token-file /run/secrets/admin-token
 
-SIGTERM: stop accepting connections, let live streams finish within ``--drain-grace-s``, exit.
+TLS is required unless ``--plain-http`` is given. Secrets come from files or the environment
+(``MERIDIAN_KEY_PEPPER``, ``MERIDIAN_ADMIN_TOKEN``), never from the command line, and are
+never logged. SIGTERM: stop accepting connections, let live streams finish within
+``--drain-grace-s``, exit.
 """
 
 from __future__ import annotations
@@ -11,22 +16,27 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
-import redis.asyncio as aioredis
-from aiohttp import web
-
 from services.common import logs, runtime
-from services.common.clock import SYSTEM_CLOCK
 from services.common.logs import event
 from services.common.net import parse_address
-from services.edge.apikeys import ApiKeyStore
-from services.edge.app import EdgeDeps, build_app
+from services.edge.apikeys import KeyHasher, load_pepper
+from services.edge.auth import AuthConfig
 from services.edge.failover import FailoverPolicy
-from services.edge.upstream import RouterClient, WorkerPool
+from services.edge.guard import GuardConfig
+from services.edge.ratelimit.limiter import FailureMode, RateLimitConfig
+from services.edge.routeview import ViewConfig
+from services.edge.server import EdgeConfig, EdgeServer, connect_redis
+from services.edge.stages import RequestLimits
+from services.edge.tls import TlsConfig, server_context
+from services.edge.upstream import RouterClient
 
 log = logging.getLogger("meridian.edge")
+ADMIN_TOKEN_ENV = "MERIDIAN_ADMIN_TOKEN"
 
 
 def _port(value: str) -> int:
@@ -50,14 +60,21 @@ def _redis_url(value: str) -> str:
     return value
 
 
-def _positive(value: str) -> float:
-    try:
-        f = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if not f > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return f
+def _number(kind: type[int] | type[float], low: float) -> Callable[[str], float]:
+    def parse(value: str) -> float:
+        try:
+            n = kind(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+        if n < low:
+            raise argparse.ArgumentTypeError(f"must be >= {low:g}, got {value}")
+        return n
+
+    return parse
+
+
+_positive = _number(float, 1e-9)
+_count = _number(int, 1)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -68,57 +85,152 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redis-url", type=_redis_url, required=True)
     p.add_argument("--router", type=_address, required=True, metavar="HOST:PORT")
     p.add_argument("--site", default="local")
-    p.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
-    p.add_argument("--first-token-timeout-s", type=_positive, default=60.0)
-    p.add_argument("--max-attempts", type=int, default=3)
-    p.add_argument("--drain-grace-s", type=_positive, default=10.0)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    t = p.add_argument_group("TLS")
+    t.add_argument("--tls-cert", type=Path)
+    t.add_argument("--tls-key", type=Path)
+    t.add_argument("--tls-min-version", choices=["1.2", "1.3"], default="1.2")
+    t.add_argument("--plain-http", action="store_true", help="serve HTTP without TLS")
+    s = p.add_argument_group("secrets and the admin API")
+    s.add_argument("--key-pepper-file", type=Path, help="else $MERIDIAN_KEY_PEPPER")
+    s.add_argument("--admin-port", type=_port, help="no admin API without it")
+    s.add_argument("--admin-host", default="127.0.0.1")
+    s.add_argument("--admin-token-file", type=Path, help=f"else ${ADMIN_TOKEN_ENV}")
+    r = p.add_argument_group("rate limits and Redis failure")
+    r.add_argument("--redis-failure-mode", choices=[m.value for m in FailureMode], default="open")
+    r.add_argument("--local-limit-share", type=_positive, default=1.0)
+    r.add_argument("--default-completion-tokens", type=_count, default=1024)
+    r.add_argument("--auth-cache-ttl-s", type=_positive, default=2.0)
+    r.add_argument("--auth-stale-ttl-s", type=_positive, default=300.0)
+    g = p.add_argument_group("abuse limits")
+    g.add_argument("--max-body-bytes", type=_count, default=4 * 1024 * 1024)
+    g.add_argument("--max-messages", type=_count, default=512)
+    g.add_argument("--max-prompt-chars", type=_count, default=1_000_000)
+    g.add_argument("--max-connections", type=_count, default=10_000)
+    g.add_argument("--max-connections-per-ip", type=_count, default=256)
+    g.add_argument("--max-streams", type=_count, default=4096)
+    g.add_argument("--max-streams-per-ip", type=_count, default=64)
+    g.add_argument("--ip-requests-per-s", type=_number(float, 0), default=100.0)
+    g.add_argument("--ip-burst", type=_count, default=200)
+    g.add_argument("--header-timeout-s", type=_positive, default=10.0)
+    g.add_argument("--idle-timeout-s", type=_positive, default=75.0)
+    g.add_argument("--body-timeout-s", type=_positive, default=30.0)
+    g.add_argument("--write-timeout-s", type=_positive, default=30.0)
+    g.add_argument("--max-headers", type=_count, default=64)
+    g.add_argument("--max-header-bytes", type=_count, default=8190)
+    u = p.add_argument_group("upstreams")
+    u.add_argument("--first-token-timeout-s", type=_positive, default=60.0)
+    u.add_argument("--max-attempts", type=_count, default=3)
+    u.add_argument("--view-refresh-s", type=_positive, default=2.0)
+    u.add_argument("--view-max-age-s", type=_positive, default=300.0)
+    u.add_argument("--drain-grace-s", type=_positive, default=10.0)
     return p
 
 
-async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
-    redis = aioredis.Redis.from_url(args.redis_url, socket_timeout=1.0, socket_connect_timeout=1.0)
-    router = RouterClient(args.router)
-    workers = WorkerPool()
-    deps = EdgeDeps(
-        redis=redis,
-        keys=ApiKeyStore(redis=redis, clock=SYSTEM_CLOCK),
-        router=router,
-        workers=workers,
+def _admin_token(args: argparse.Namespace) -> str | None:
+    if args.admin_port is None:
+        return None
+    if args.admin_token_file is not None:
+        try:
+            return str(args.admin_token_file.read_text().strip())
+        except OSError as err:
+            raise ValueError(f"cannot read {args.admin_token_file}: {err.strerror}") from None
+    token = os.environ.get(ADMIN_TOKEN_ENV, "").strip()
+    if not token:
+        raise ValueError(f"--admin-port needs --admin-token-file or ${ADMIN_TOKEN_ENV}")
+    return token
+
+
+def config_from_args(args: argparse.Namespace) -> EdgeConfig:
+    """The validated config; ValueError names what is wrong (never a secret's value)."""
+    if (args.tls_cert is None) != (args.tls_key is None):
+        raise ValueError("--tls-cert and --tls-key go together")
+    tls = None
+    if args.tls_cert is not None:
+        tls = TlsConfig(
+            cert_file=args.tls_cert, key_file=args.tls_key, min_version=args.tls_min_version
+        )
+    return EdgeConfig(
+        host=args.host,
+        port=args.port,
         site=args.site,
-        policy=FailoverPolicy(
+        tls=tls,
+        plain_http=args.plain_http,
+        admin_host=args.admin_host,
+        admin_port=args.admin_port,
+        admin_token=_admin_token(args),
+        guard=GuardConfig(
+            max_connections=args.max_connections,
+            max_connections_per_ip=args.max_connections_per_ip,
+            max_streams=args.max_streams,
+            max_streams_per_ip=args.max_streams_per_ip,
+            ip_requests_per_s=args.ip_requests_per_s,
+            ip_burst=args.ip_burst,
+            header_timeout_s=args.header_timeout_s,
+            idle_timeout_s=args.idle_timeout_s,
+            body_timeout_s=args.body_timeout_s,
+            write_timeout_s=args.write_timeout_s,
+            max_header_bytes=args.max_header_bytes,
+            max_headers=args.max_headers,
+        ),
+        request_limits=RequestLimits(
+            max_body_bytes=args.max_body_bytes,
+            max_messages=args.max_messages,
+            max_prompt_chars=args.max_prompt_chars,
+        ),
+        auth=AuthConfig(cache_ttl_s=args.auth_cache_ttl_s, stale_ttl_s=args.auth_stale_ttl_s),
+        ratelimit=RateLimitConfig(
+            failure_mode=FailureMode(args.redis_failure_mode),
+            local_share=args.local_limit_share,
+            default_completion_tokens=args.default_completion_tokens,
+        ),
+        view=ViewConfig(refresh_every_s=args.view_refresh_s, max_age_s=args.view_max_age_s),
+        failover=FailoverPolicy(
             max_attempts=args.max_attempts, first_token_timeout_s=args.first_token_timeout_s
         ),
-        max_body_bytes=args.max_body_bytes,
+        drain_grace_s=args.drain_grace_s,
     )
-    app = build_app(deps)
-    runner = web.AppRunner(
-        app, handler_cancellation=True, access_log=None, shutdown_timeout=args.drain_grace_s
+
+
+async def serve(
+    config: EdgeConfig, hasher: KeyHasher, args: argparse.Namespace, stop: asyncio.Event
+) -> None:
+    edge = EdgeServer(
+        config=config,
+        redis=connect_redis(args.redis_url),
+        router=RouterClient(args.router),
+        hasher=hasher,
     )
-    await runner.setup()
-    site = web.TCPSite(runner, args.host, args.port, reuse_address=True)
-    await site.start()
-    port = runner.addresses[0][1]
-    runtime.write_ready_file(args.ready_file, {"port": port, "host": args.host})
-    event(log, "edge.listening", port=port, site=args.site)
+    await edge.start()
+    runtime.write_ready_file(
+        args.ready_file,
+        {
+            "port": edge.port,
+            "host": config.host,
+            "scheme": edge.scheme,
+            "admin_port": edge.admin_port,
+        },
+    )
+    event(log, "edge.listening", port=edge.port, scheme=edge.scheme, site=config.site)
     await stop.wait()
-    event(log, "edge.draining", grace_s=args.drain_grace_s)
-    await runner.cleanup()
-    await workers.close()
-    await router.close()
-    await redis.aclose()
-    event(log, "edge.stopped")
+    event(log, "edge.draining", grace_s=config.drain_grace_s)
+    await edge.stop()
+    event(log, "edge.stopped", counters=edge.counters.snapshot())
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.max_attempts < 1:
-        parser.error("--max-attempts must be >= 1")
-    if args.max_body_bytes < 1024:
-        parser.error("--max-body-bytes must be >= 1024")
+    try:
+        config = config_from_args(args)
+        hasher = KeyHasher(load_pepper(file=args.key_pepper_file))
+        if config.tls is not None:
+            server_context(config.tls)  # unreadable certificates stop us here, not later
+
+    except ValueError as err:
+        parser.error(str(err))
     logs.configure("edge", args.log_level)
-    runtime.run(lambda stop: serve(args, stop))
+    runtime.run(lambda stop: serve(config, hasher, args, stop))
     return 0
 
 

@@ -18,10 +18,20 @@ def _rendered(body: ChatCompletionRequest) -> str:
     return "".join(f"<|{m.role}|>{m.text()}\n" for m in body.messages)
 
 
+#: Chat-template tokens around each message (role header, end marker) and before the answer.
+TOKENS_PER_MESSAGE = 4
+TOKENS_PRIMING = 3
+
+
 def estimate_prompt_tokens(body: ChatCompletionRequest) -> int:
-    """A cheap upper-side estimate (≈4 characters per token, plus per-message overhead)."""
+    """A cheap estimate, meant to err high: ≈4 characters per token (English-like text), plus
+    the chat template's tokens per message and before the answer.
+
+    It sizes token-limit reservations and routing; the reservation is settled with the real
+    count the worker reports, so a wrong guess costs headroom, never accuracy.
+    """
     chars = sum(len(m.text()) for m in body.messages)
-    return chars // CHARS_PER_TOKEN + 4 * len(body.messages) + 1
+    return -(-chars // CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * len(body.messages) + TOKENS_PRIMING
 
 
 def prefix_hashes(body: ChatCompletionRequest) -> list[int]:

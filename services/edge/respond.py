@@ -7,7 +7,10 @@ before that is a proper HTTP error. If the first token takes longer than
 a failure after that point is sent as an SSE ``error`` payload, which the OpenAI SDK raises.
 
 Client disconnect: aiohttp cancels this handler (``handler_cancellation=True``); the ``finally``
-cancels the worker call, which aborts the generation in the engine.
+cancels the worker call, which aborts the generation in the engine, and the admit stage settles
+the reservation with the tokens generated so far (``ctx.tokens_used``, updated per chunk). A
+client that stops *reading* is treated the same way once one write has waited
+``write_timeout_s``: its connection is aborted.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from meridian.v1 import worker_pb2
 from services.common.errors import MeridianError
 from services.common.logs import event
 from services.edge.context import ChatContext
+from services.edge.counters import EdgeCounters
 from services.edge.failover import FailoverPolicy, UpstreamStream, open_stream
 from services.edge.openai_types import ChatCompletionRequest, now_s
 from services.edge.render import (
@@ -33,16 +37,20 @@ from services.edge.render import (
     completion_body,
     sse_data,
 )
-from services.edge.upstream import RouterClient, WorkerPool
+from services.edge.upstream import RouterLike, WorkerPool
 
 log = logging.getLogger("meridian.edge")
 
 
 def generate_request(ctx: ChatContext) -> worker_pb2.GenerateRequest:
     body = ctx.body
-    assert body is not None and ctx.key is not None
+    assert body is not None and ctx.principal is not None
+    tenant = ctx.principal.tenant
     req = worker_pb2.GenerateRequest(
-        request_id=ctx.request_id, model=body.model, tenant_id=ctx.key.tenant
+        request_id=ctx.request_id,
+        model=body.model,
+        tenant_id=tenant.tenant_id,
+        priority=tenant.tier.priority(),
     )
     for m in body.messages:
         req.messages.add(role=m.role, content=m.text(), name=m.name or "")
@@ -67,23 +75,35 @@ def generate_request(ctx: ChatContext) -> worker_pb2.GenerateRequest:
     return req
 
 
+class ClientGone(Exception):
+    """The client disconnected or stopped reading; nothing more can be sent."""
+
+
+def _track_usage(ctx: ChatContext, chunk: worker_pb2.GenerateChunk) -> None:
+    ctx.tokens_used = chunk.usage.prompt_tokens + chunk.usage.completion_tokens
+
+
 class Respond:
     name = "stream"
 
     def __init__(
         self,
         *,
-        router: RouterClient,
+        router: RouterLike,
         workers: WorkerPool,
         policy: FailoverPolicy,
+        counters: EdgeCounters,
         keepalive_after_s: float = 3.0,
         keepalive_every_s: float = 10.0,
+        write_timeout_s: float = 30.0,
     ) -> None:
         self._router = router
         self._workers = workers
         self._policy = policy
+        self._counters = counters
         self._keepalive_after_s = keepalive_after_s
         self._keepalive_every_s = keepalive_every_s
+        self._write_timeout_s = write_timeout_s
 
     async def __call__(self, ctx: ChatContext) -> web.StreamResponse:
         assert ctx.body is not None and ctx.route is not None and ctx.route_request is not None
@@ -101,6 +121,9 @@ class Respond:
             if ctx.body.stream:
                 return await self._stream(ctx, ctx.body, opening)
             return await self._complete(ctx, ctx.body, opening)
+        except asyncio.CancelledError:
+            self._counters.client_disconnects += 1
+            raise
         finally:
             if not opening.done():
                 opening.cancel()
@@ -119,6 +142,7 @@ class Respond:
         last = upstream.first
         try:
             async for chunk in upstream.chunks():
+                _track_usage(ctx, chunk)
                 text.append(chunk.text)
                 if logprobs is not None:
                     logprobs.extend(chunk.logprobs)
@@ -126,6 +150,7 @@ class Respond:
         finally:
             upstream.cancel()
         self._log_done(ctx, upstream, last)
+        self._counters.completions += 1
         payload = completion_body(
             completion_id=ctx.request_id,
             model=body.model,
@@ -146,23 +171,28 @@ class Respond:
     ) -> web.StreamResponse:
         done, _ = await asyncio.wait({opening}, timeout=self._keepalive_after_s)
         resp: web.StreamResponse | None = None
-        if not done:
-            # Slow first token: commit headers now and keep the connection alive.
-            resp = await self._start_sse(ctx, {})
-            while True:
-                done, _ = await asyncio.wait({opening}, timeout=self._keepalive_every_s)
-                if done:
-                    break
-                await resp.write(SSE_KEEPALIVE)
         try:
-            upstream = opening.result()
-        except MeridianError as err:
+            if not done:
+                # Slow first token: commit headers now and keep the connection alive.
+                resp = await self._start_sse(ctx, {})
+                while True:
+                    done, _ = await asyncio.wait({opening}, timeout=self._keepalive_every_s)
+                    if done:
+                        break
+                    await self._write(ctx, resp, SSE_KEEPALIVE)
+            try:
+                upstream = opening.result()
+            except MeridianError as err:
+                if resp is None:
+                    raise
+                self._counters.stream_errors += 1
+                await self._write(ctx, resp, sse_data(err.to_openai()))
+                return resp
             if resp is None:
-                raise
-            await resp.write(sse_data(err.to_openai()))
+                resp = await self._start_sse(ctx, _route_headers(upstream))
+        except ClientGone:
+            assert resp is not None
             return resp
-        if resp is None:
-            resp = await self._start_sse(ctx, _route_headers(upstream))
         render = ChunkRenderer(
             completion_id=ctx.request_id,
             model=body.model,
@@ -172,17 +202,22 @@ class Respond:
         )
         last = upstream.first
         try:
-            await resp.write(render.role())
+            await self._write(ctx, resp, render.role())
             async for chunk in upstream.chunks():
                 last = chunk
+                _track_usage(ctx, chunk)
                 data = render.content(chunk)
                 if data is not None:
-                    await resp.write(data)
-            await resp.write(render.finish(FINISH_REASONS.get(last.finish_reason, "stop")))
+                    await self._write(ctx, resp, data)
+            await self._write(
+                ctx, resp, render.finish(FINISH_REASONS.get(last.finish_reason, "stop"))
+            )
             if body.include_usage():
-                await resp.write(render.usage(last.usage))
-            await resp.write(SSE_DONE)
+                await self._write(ctx, resp, render.usage(last.usage))
+            await self._write(ctx, resp, SSE_DONE)
+            self._counters.completions += 1
         except MeridianError as err:
+            self._counters.stream_errors += 1
             event(
                 log,
                 "stream.failed",
@@ -190,11 +225,28 @@ class Respond:
                 request_id=ctx.request_id,
                 error=err.message,
             )
-            await resp.write(sse_data(err.to_openai()))
+            with contextlib.suppress(ClientGone):
+                await self._write(ctx, resp, sse_data(err.to_openai()))
+        except ClientGone:
+            pass
         finally:
             upstream.cancel()
             self._log_done(ctx, upstream, last)
         return resp
+
+    async def _write(self, ctx: ChatContext, resp: web.StreamResponse, data: bytes) -> None:
+        """One write, bounded in time: a client that stopped reading (or left) is cut off."""
+        try:
+            await asyncio.wait_for(resp.write(data), self._write_timeout_s)
+        except TimeoutError:
+            self._counters.write_timeouts += 1
+            transport = ctx.request.transport
+            if transport is not None:
+                transport.abort()
+            raise ClientGone from None
+        except ConnectionError:
+            self._counters.client_disconnects += 1
+            raise ClientGone from None
 
     async def _start_sse(self, ctx: ChatContext, extra: dict[str, str]) -> web.StreamResponse:
         resp = web.StreamResponse(
@@ -217,8 +269,8 @@ class Respond:
             log,
             "chat.completed",
             request_id=ctx.request_id,
-            tenant=ctx.key.tenant if ctx.key else "",
-            key_id=ctx.key.key_id if ctx.key else "",
+            tenant=ctx.principal.tenant.tenant_id if ctx.principal else "",
+            key_id=ctx.principal.key.key_id if ctx.principal else "",
             worker_id=upstream.candidate.worker_id,
             region=upstream.candidate.region,
             attempts=upstream.attempts,

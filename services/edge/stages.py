@@ -1,106 +1,161 @@
-"""The chat pipeline's non-terminal stages: authenticate, validate, route.
+"""The chat pipeline's middle stages: authenticate, validate, route.
 
 Each is a small class built with its dependencies (keyword-only), so tests assemble real
-stages around real Redis and real gRPC servers. See :mod:`services.edge.pipeline` for the order.
+stages around real Redis and real gRPC servers. See :mod:`services.edge.pipeline` for the
+order; the connection guard lives in :mod:`services.edge.guard`, admission in
+:mod:`services.edge.admit`, the terminal stage in :mod:`services.edge.respond`.
 """
 
 from __future__ import annotations
 
-import logging
+import asyncio
+import re
+from dataclasses import dataclass
 
-import redis.exceptions
 from aiohttp import web
 
 from meridian.v1 import router_pb2
-from services.common.errors import AuthenticationFailed, Unavailable
-from services.common.logs import event
-from services.edge.apikeys import ApiKeyStore, KeyRecord, looks_like_key
+from services.common.errors import InvalidRequest, ModelNotFound, PayloadTooLarge
+from services.edge.auth import Authenticator
 from services.edge.context import ChatContext
+from services.edge.counters import EdgeCounters
+from services.edge.httperrors import RequestTimeout
 from services.edge.openai_types import parse_chat_request
 from services.edge.pipeline import Next
 from services.edge.prompt import estimate_prompt_tokens, prefix_hashes
-from services.edge.upstream import RouterClient
-
-log = logging.getLogger("meridian.edge")
-
-_NO_KEY = (
-    "You didn't provide an API key. You need to provide your API key in an Authorization "
-    "header using Bearer auth (i.e. Authorization: Bearer YOUR_KEY)."
-)
-
-
-def bearer_token(request: web.Request) -> str:
-    """The key from ``Authorization: Bearer <key>``; raises if absent or malformed."""
-    header = request.headers.get("Authorization", "")
-    scheme, _, token = header.partition(" ")
-    if not header or scheme.lower() != "bearer" or not token.strip():
-        raise AuthenticationFailed(_NO_KEY, code=None)
-    return token.strip()
+from services.edge.upstream import RouterLike
 
 
 class Authenticate:
-    """``Authorization: Bearer mk-…`` → the key's tenant. Wrong format is refused before any
-    lookup; the lookup is by hash (see :mod:`services.edge.apikeys`)."""
+    """``Authorization: Bearer mk-…`` → the key's :class:`~services.edge.auth.Principal`."""
 
     name = "authenticate"
 
-    def __init__(self, *, keys: ApiKeyStore) -> None:
-        self._keys = keys
+    def __init__(self, *, auth: Authenticator) -> None:
+        self._auth = auth
 
     async def __call__(self, ctx: ChatContext, call_next: Next) -> web.StreamResponse:
-        ctx.key = await authenticate(self._keys, ctx.request)
+        ctx.principal = await self._auth.from_request(ctx.request)
         return await call_next(ctx)
 
 
-async def authenticate(keys: ApiKeyStore, request: web.Request) -> KeyRecord:
-    raw = bearer_token(request)
-    if not looks_like_key(raw):
-        raise AuthenticationFailed(
-            "Incorrect API key provided: the key is not in Meridian's format."
-        )
-    try:
-        record = await keys.verify(raw)
-    except redis.exceptions.RedisError as err:
-        event(log, "auth.redis_error", level=logging.WARNING, error=type(err).__name__)
-        raise Unavailable("authentication is temporarily unavailable", retry_after_s=1.0) from None
-    if record is None:
-        raise AuthenticationFailed("Incorrect API key provided.")
-    return record
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RequestLimits:
+    """What one request may carry, whoever sends it (tenant policy comes on top)."""
+
+    max_body_bytes: int = 4 * 1024 * 1024
+    max_messages: int = 512
+    max_prompt_chars: int = 1_000_000
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1024:
+            raise ValueError("max_body_bytes must be >= 1024")
+        if self.max_messages < 1 or self.max_prompt_chars < 1:
+            raise ValueError("max_messages and max_prompt_chars must be >= 1")
 
 
 class Validate:
-    """Parse and validate the JSON body (size already bounded by the server)."""
+    """Read the body (bounded in size and time), parse it, apply the request limits and the
+    tenant's model policy."""
 
     name = "validate"
 
+    def __init__(
+        self, *, limits: RequestLimits, body_timeout_s: float, counters: EdgeCounters
+    ) -> None:
+        self._limits = limits
+        self._body_timeout_s = body_timeout_s
+        self._counters = counters
+
     async def __call__(self, ctx: ChatContext, call_next: Next) -> web.StreamResponse:
-        raw = await ctx.request.read()
-        ctx.body = parse_chat_request(raw)
-        ctx.prompt_tokens_estimate = estimate_prompt_tokens(ctx.body)
+        raw = await self._read(ctx.request)
+        try:
+            body = parse_chat_request(raw)
+        except InvalidRequest:
+            self._counters.invalid_requests += 1
+            raise
+        limits = self._limits
+        if len(body.messages) > limits.max_messages:
+            self._counters.too_many_messages += 1
+            raise InvalidRequest(
+                f"Too many messages: {len(body.messages)} (at most {limits.max_messages}).",
+                param="messages",
+            )
+        chars = sum(len(m.text()) for m in body.messages)
+        if chars > limits.max_prompt_chars:
+            self._counters.prompts_too_long += 1
+            raise InvalidRequest(
+                f"The messages are {chars} characters long (at most {limits.max_prompt_chars}).",
+                param="messages",
+                code="prompt_too_long",
+            )
+        assert ctx.principal is not None
+        if not ctx.principal.tenant.allows_model(body.model):
+            self._counters.models_not_allowed += 1
+            # As OpenAI: do not reveal whether the model exists to someone not allowed it.
+            raise ModelNotFound(
+                f"The model `{body.model}` does not exist or you do not have access to it.",
+                param="model",
+            )
+        ctx.body = body
+        ctx.prompt_tokens_estimate = estimate_prompt_tokens(body)
+        ctx.session_id = session_id(ctx.request)
         return await call_next(ctx)
+
+    async def _read(self, request: web.Request) -> bytes:
+        try:
+            return await asyncio.wait_for(request.read(), self._body_timeout_s)
+        except TimeoutError:
+            self._counters.body_timeouts += 1
+            if request.transport is not None:
+                request.protocol.close()  # the rest of the body is not worth waiting for
+            raise RequestTimeout(
+                f"The request body did not arrive within {self._body_timeout_s:g}s."
+            ) from None
+        except web.HTTPRequestEntityTooLarge:
+            self._counters.bodies_too_large += 1
+            raise PayloadTooLarge(
+                f"request body is larger than {self._limits.max_body_bytes} bytes"
+            ) from None
+
+
+_SESSION_RE = re.compile(r"^[\x20-\x7e]*$")
+MAX_SESSION_ID = 128
+
+
+def session_id(request: web.Request) -> str:
+    """``x-session-id`` (its first 128 characters), if it is printable ASCII; else 400."""
+    value = request.headers.get("x-session-id", "")[:MAX_SESSION_ID]
+    if not _SESSION_RE.match(value):
+        raise InvalidRequest(
+            "x-session-id must be printable ASCII", param="x-session-id", code="invalid_header"
+        )
+    return value
 
 
 class Route:
-    """Ask the router for a ranked list of workers for this request."""
+    """Ask the router (or, if it is unreachable, the last known view) for ranked workers."""
 
     name = "route"
 
-    def __init__(self, *, router: RouterClient, site: str) -> None:
+    def __init__(self, *, router: RouterLike, site: str) -> None:
         self._router = router
         self._site = site
 
     async def __call__(self, ctx: ChatContext, call_next: Next) -> web.StreamResponse:
         body = ctx.body
-        assert body is not None and ctx.key is not None
+        assert body is not None and ctx.principal is not None
+        tenant = ctx.principal.tenant
         req = router_pb2.RouteRequest(
             request_id=ctx.request_id,
             model=body.model,
-            tenant_id=ctx.key.tenant,
-            priority=router_pb2.PRIORITY_STANDARD,
+            tenant_id=tenant.tenant_id,
+            priority=tenant.tier.priority(),
+            allowed_regions=list(tenant.allowed_regions),
             edge_site=self._site,
             prompt_tokens=ctx.prompt_tokens_estimate,
             max_tokens=body.effective_max_tokens() or 0,
-            session_id=ctx.request.headers.get("x-session-id", "")[:128],
+            session_id=ctx.session_id,
             prefix_hashes=prefix_hashes(body),
         )
         ctx.route_request = req

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import logging
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 
@@ -30,6 +31,23 @@ class RouteResult:
     decision_id: str
     candidates: tuple[router_pb2.Candidate, ...]
     explanation: str
+
+
+class RouterUnreachable(Unavailable):
+    """The router did not answer at all (connection refused, timeout): not a decision."""
+
+
+class RouterLike(Protocol):
+    """What the pipeline needs from a router: :class:`RouterClient`, or the edge's
+    :class:`~services.edge.routeview.ResilientRouter` that falls back to the last view."""
+
+    async def route(self, request: router_pb2.RouteRequest) -> RouteResult: ...
+
+    async def list_models(self) -> router_pb2.ListModelsResponse: ...
+
+    async def ready(self) -> bool: ...
+
+    def report_outcome(self, report: router_pb2.OutcomeReport) -> None: ...
 
 
 class RouterClient:
@@ -56,6 +74,15 @@ class RouterClient:
                 router_pb2.ListModelsRequest(), timeout=self._timeout_s
             )
             return resp
+        except grpc.aio.AioRpcError as err:
+            raise _router_error(err) from None
+
+    async def get_view(self) -> router_pb2.RouterView:
+        try:
+            view: router_pb2.RouterView = await self._stub.GetView(
+                router_pb2.GetViewRequest(), timeout=self._timeout_s
+            )
+            return view
         except grpc.aio.AioRpcError as err:
             raise _router_error(err) from None
 
@@ -88,8 +115,8 @@ def _router_error(err: grpc.aio.AioRpcError) -> MeridianError:
     if code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED) and not (
         err.trailing_metadata()
     ):
-        event(log, "router.unreachable", level=logging.WARNING, code=code.name)
-        return Unavailable("the router is unreachable; try again shortly", retry_after_s=1.0)
+        event(log, "router.unreachable", level=logging.DEBUG, code=code.name)
+        return RouterUnreachable("the router is unreachable; try again shortly", retry_after_s=1.0)
     return from_grpc(code, err.details(), err.trailing_metadata())
 
 

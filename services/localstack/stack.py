@@ -9,7 +9,10 @@ drains first, so no new request finds a worker gone.
 from __future__ import annotations
 
 import asyncio
+import os
+import ssl
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -17,7 +20,10 @@ import aiohttp
 import redis.asyncio as aioredis
 
 from services.common.clock import SYSTEM_CLOCK
-from services.edge.apikeys import ApiKeyStore
+from services.edge.apikeys import KeyHasher, load_pepper, new_pepper
+from services.edge.directory import Directory
+from services.edge.selfsigned import write_self_signed
+from services.edge.tenants import Tenant
 from services.localstack.config import StackConfig
 from services.localstack.procs import ManagedProcess, ProcessFailed
 from services.localstack.redis_server import RedisServer
@@ -39,6 +45,8 @@ class StackEndpoints:
     router: str = ""
     redis_url: str = ""
     demo_key: str = ""
+    admin_url: str = ""
+    tls_cert: str = ""  # the self-signed certificate clients must trust (tls=True only)
     model: str = ""
     workers: dict[str, WorkerEndpoint] = field(default_factory=dict)
 
@@ -56,6 +64,7 @@ class LocalStack:
         router_profile: Path | None = None,
         log_level: str = "info",
         python: str = sys.executable,
+        tls: bool = False,
     ) -> None:
         self.config = config
         self.run_dir = run_dir
@@ -66,6 +75,7 @@ class LocalStack:
         self._router_profile = router_profile
         self._log_level = log_level
         self._python = python
+        self.tls = tls
         self.redis: RedisServer | None = None
         self.workers: dict[str, ManagedProcess] = {}
         self.netem: ManagedProcess | None = None
@@ -192,20 +202,31 @@ class LocalStack:
         info = await self.router.wait_ready(15.0)
         self.endpoints.router = f"127.0.0.1:{info['port']}"
 
+    def _secret(self, name: str, make: Callable[[], str]) -> Path:
+        """A secret in run_dir/secrets (0600), created once and kept across restarts."""
+        folder = self.run_dir / "secrets"
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+        path = folder / name
+        if not path.exists():
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as out:
+                out.write(make() + "\n")
+        return path
+
     async def _create_demo_key(self) -> None:
+        """The demo tenant (standard tier, no limits) and a fresh key for it."""
+        hasher = KeyHasher(load_pepper(file=self._secret("key-pepper", new_pepper)))
         client = aioredis.Redis.from_url(self.endpoints.redis_url)
         try:
-            raw, _ = await ApiKeyStore(redis=client, clock=SYSTEM_CLOCK).create(
-                "demo", "make run demo key"
-            )
+            directory = Directory(redis=client, hasher=hasher, clock=SYSTEM_CLOCK)
+            await directory.ensure_tenant(Tenant(tenant_id="demo"))
+            raw, _ = await directory.create_key("demo", name="make run demo key")
         finally:
             await client.aclose()
         self.endpoints.demo_key = raw
 
     async def _start_edge(self) -> None:
-        self.edge = self._proc(
-            "edge",
-            "services.edge",
+        args = [
             "--port",
             str(self.edge_port),
             "--redis-url",
@@ -216,15 +237,34 @@ class LocalStack:
             self.config.site,
             "--log-level",
             self._log_level,
-        )
+            "--key-pepper-file",
+            str(self._secret("key-pepper", new_pepper)),
+            "--admin-port",
+            "0",
+            "--admin-token-file",
+            str(self._secret("admin-token", new_pepper)),
+        ]
+        if self.tls:
+            cert, key = self.run_dir / "tls" / "edge.crt", self.run_dir / "tls" / "edge.key"
+            write_self_signed(cert, key)
+            args += ["--tls-cert", str(cert), "--tls-key", str(key)]
+            self.endpoints.tls_cert = str(cert)
+        else:
+            args.append("--plain-http")
+        self.edge = self._proc("edge", "services.edge", *args)
         await self.edge.start()
         info = await self.edge.wait_ready(15.0)
-        self.endpoints.edge_url = f"http://127.0.0.1:{info['port']}"
+        self.endpoints.edge_url = f"{info.get('scheme', 'http')}://127.0.0.1:{info['port']}"
+        self.endpoints.admin_url = f"http://127.0.0.1:{info['admin_port']}"
 
     async def _wait_edge_ready(self, timeout_s: float = 300.0) -> None:
         """Until /readyz says the router sees a servable model (vLLM takes a while to load)."""
         deadline = asyncio.get_running_loop().time() + timeout_s
-        async with aiohttp.ClientSession() as session:
+        connector = None
+        if self.endpoints.tls_cert:
+            trust = ssl.create_default_context(cafile=self.endpoints.tls_cert)
+            connector = aiohttp.TCPConnector(ssl=trust)
+        async with aiohttp.ClientSession(connector=connector) as session:
             while True:
                 for proc in self.processes():
                     if not proc.alive():

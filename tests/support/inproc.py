@@ -9,18 +9,23 @@ import asyncio
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import grpc
 import redis.asyncio as aioredis
-from aiohttp import web
 
 from meridian.v1 import router_pb2_grpc, worker_pb2_grpc
-from services.common.clock import SYSTEM_CLOCK
+from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.grpcutil import Health, new_server
-from services.edge.apikeys import ApiKeyStore
-from services.edge.app import EdgeDeps, build_app
+from services.edge.apikeys import KeyHasher
+from services.edge.app import EdgeDeps
+from services.edge.counters import EdgeCounters
+from services.edge.directory import Directory
 from services.edge.failover import FailoverPolicy
-from services.edge.upstream import RouterClient, WorkerPool
+from services.edge.server import EdgeConfig, EdgeServer, connect_redis
+from services.edge.stages import RequestLimits
+from services.edge.tenants import Tenant
+from services.edge.upstream import RouterClient
 from services.router.discovery import StaticDiscovery
 from services.router.registry import RegistryConfig, WorkerRegistry
 from services.router.scheduling.profile import load_profile
@@ -117,22 +122,39 @@ async def start_router(
     return RunningRouter(server, registry, discovery, f"127.0.0.1:{port}")
 
 
+#: The in-process edges' key pepper and admin token (tests only).
+TEST_PEPPER = b"meridian-test-pepper-not-secret"
+TEST_ADMIN_TOKEN = "meridian-test-admin-token"
+
+
 @dataclass
 class RunningEdge:
-    runner: web.AppRunner
+    server: EdgeServer
     url: str
     deps: EdgeDeps
     redis: aioredis.Redis
 
-    async def new_key(self, tenant: str = "t1") -> str:
-        raw, _ = await self.deps.keys.create(tenant)
+    @property
+    def directory(self) -> Directory:
+        return self.server.directory
+
+    @property
+    def counters(self) -> EdgeCounters:
+        return self.server.counters
+
+    @property
+    def admin_url(self) -> str:
+        assert self.server.admin_url is not None
+        return self.server.admin_url
+
+    async def new_key(self, tenant: str = "t1", **tenant_fields: Any) -> str:
+        """A key of ``tenant``, which is created (unlimited unless told) if it does not exist."""
+        await self.directory.ensure_tenant(Tenant(tenant_id=tenant, **tenant_fields))
+        raw, _ = await self.directory.create_key(tenant)
         return raw
 
     async def stop(self) -> None:
-        await self.runner.cleanup()
-        await self.deps.workers.close()
-        await self.deps.router.close()
-        await self.redis.aclose()
+        await self.server.stop()
 
 
 async def start_edge(
@@ -142,24 +164,34 @@ async def start_edge(
     policy: FailoverPolicy | None = None,
     keepalive_after_s: float = 3.0,
     max_body_bytes: int = 1024 * 1024,
+    config: EdgeConfig | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+    pepper: bytes = TEST_PEPPER,
 ) -> RunningEdge:
-    redis = aioredis.Redis.from_url(redis_url)
-    deps = EdgeDeps(
+    """An edge on a free port of 127.0.0.1 (plain HTTP, admin API on another free port)
+    unless ``config`` says otherwise; ``policy``, ``keepalive_after_s`` and
+    ``max_body_bytes`` apply only when no ``config`` is given."""
+    if config is None:
+        config = EdgeConfig(
+            port=0,
+            site="test",
+            plain_http=True,
+            admin_port=0,
+            admin_token=TEST_ADMIN_TOKEN,
+            failover=policy or FailoverPolicy(first_token_timeout_s=10.0),
+            request_limits=RequestLimits(max_body_bytes=max_body_bytes),
+            keepalive_after_s=keepalive_after_s,
+        )
+    redis = connect_redis(redis_url)
+    server = EdgeServer(
+        config=config,
         redis=redis,
-        keys=ApiKeyStore(redis=redis, clock=SYSTEM_CLOCK),
         router=RouterClient(router_address),
-        workers=WorkerPool(),
-        site="test",
-        policy=policy or FailoverPolicy(first_token_timeout_s=10.0),
-        max_body_bytes=max_body_bytes,
-        keepalive_after_s=keepalive_after_s,
+        hasher=KeyHasher(pepper),
+        clock=clock,
     )
-    runner = web.AppRunner(build_app(deps), handler_cancellation=True, access_log=None)
-    await runner.setup()
-    site = web.TCPSite(runner, "127.0.0.1", 0)
-    await site.start()
-    port = runner.addresses[0][1]
-    return RunningEdge(runner, f"http://127.0.0.1:{port}", deps, redis)
+    await server.start()
+    return RunningEdge(server, server.url, server.deps, redis)
 
 
 async def stop_all(*things: RunningWorker | RunningRouter | RunningEdge) -> None:

@@ -66,3 +66,22 @@ def test_duplicate_stages_are_refused() -> None:
     seen: list[str] = []
     with pytest.raises(ValueError, match="out of order"):
         build_chain([Recording("route", seen), Recording("route", seen)], Terminal(seen))
+
+
+async def test_the_edge_wires_every_declared_stage_in_order(redis_url: str) -> None:
+    import redis.asyncio as aioredis
+
+    from services.edge.apikeys import KeyHasher
+    from services.edge.app import chat_stages
+    from services.edge.server import EdgeConfig, EdgeServer
+    from services.edge.upstream import RouterClient
+
+    server = EdgeServer(
+        config=EdgeConfig(plain_http=True),
+        redis=aioredis.Redis.from_url(redis_url),
+        router=RouterClient("127.0.0.1:1"),
+        hasher=KeyHasher(b"pipeline-test-pepper"),
+    )
+    stages, terminal = chat_stages(server.deps)
+    assert (*(s.name for s in stages), terminal.name) == CHAT_STAGE_ORDER
+    await server.stop()

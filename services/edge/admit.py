@@ -1,0 +1,58 @@
+"""The admit stage: reserve this request's share of its key's and tenant's limits, and settle
+the reservation when the request ends — however it ends.
+
+Reservation = the prompt's token estimate + ``max_tokens`` (or ``max_completion_tokens``; if
+neither is set, the configured ``default_completion_tokens``). It is taken before routing, so
+a burst of concurrent requests cannot overrun a token limit: each one must fit *with* every
+reservation still in flight. When the response is over (completed, failed, or the client went
+away and the worker call was cancelled), the reservation is replaced by the tokens the worker
+really reported (``ctx.tokens_used``, kept current by the stream stage) and the stream slot is
+freed.
+"""
+
+from __future__ import annotations
+
+from aiohttp import web
+
+from services.edge.auth import Principal
+from services.edge.context import ChatContext
+from services.edge.pipeline import Next
+from services.edge.ratelimit.limiter import RateLimiter, RateLimitExceeded
+from services.edge.ratelimit.types import Ask, Scope
+
+
+def scopes_for(principal: Principal) -> tuple[Scope, ...]:
+    """The key's scope and its tenant's, under one hash tag (the tenant)."""
+    tenant = principal.tenant.tenant_id
+    key_id = principal.key.key_id
+    return (
+        Scope("key", key_id, f"{{{tenant}}}:k:{key_id}", principal.key_limits),
+        Scope("tenant", tenant, f"{{{tenant}}}:t", principal.tenant.limits),
+    )
+
+
+class Admit:
+    name = "admit"
+
+    def __init__(self, *, limiter: RateLimiter) -> None:
+        self._limiter = limiter
+
+    async def __call__(self, ctx: ChatContext, call_next: Next) -> web.StreamResponse:
+        assert ctx.principal is not None and ctx.body is not None
+        completion = ctx.body.effective_max_tokens()
+        if completion is None:
+            completion = self._limiter.config.default_completion_tokens
+        ask = Ask(
+            ctx.request_id, ctx.prompt_tokens_estimate + completion, scopes_for(ctx.principal)
+        )
+        try:
+            lease = await self._limiter.admit(ask)
+        except RateLimitExceeded as err:
+            ctx.headers.update(err.headers)
+            raise
+        ctx.lease = lease
+        ctx.headers.update(lease.headers)
+        try:
+            return await call_next(ctx)
+        finally:
+            self._limiter.settle(lease, ctx.tokens_used)

@@ -1,0 +1,73 @@
+"""Every event the edge counts, in one typed object per edge process.
+
+Each field is a monotonically increasing count (named after what happened, not where), so a
+typo is a type error rather than a silently new metric. The admin port serves them as JSON
+(``GET /admin/stats``); the OpenTelemetry issue will export the same fields as Prometheus
+counters from this one module.
+
+Gauges (live connections and streams) are not counters: they are read from the objects that
+own them when the stats are rendered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+
+@dataclass(slots=True)
+class EdgeCounters:
+    # Connections and abuse limits (protocol level and connection_guard stage).
+    connections_accepted: int = 0
+    connections_refused_ip: int = 0
+    connections_refused_edge: int = 0
+    header_timeouts: int = 0
+    bad_http_requests: int = 0
+    headers_too_large: int = 0
+    body_timeouts: int = 0
+    bodies_too_large: int = 0
+    write_timeouts: int = 0
+    ip_rate_limited: int = 0
+    streams_refused_ip: int = 0
+    streams_refused_edge: int = 0
+    refused_while_draining: int = 0
+    # Authentication.
+    auth_missing: int = 0
+    auth_malformed: int = 0
+    auth_invalid: int = 0
+    auth_disabled_tenant: int = 0
+    auth_cache_hits: int = 0
+    auth_lookups: int = 0
+    auth_stale_served: int = 0
+    auth_unavailable: int = 0
+    auth_invalidations: int = 0
+    # Validation and policy.
+    invalid_requests: int = 0
+    models_not_allowed: int = 0
+    too_many_messages: int = 0
+    prompts_too_long: int = 0
+    # Admission (rate limits).
+    admitted: int = 0
+    rate_limited_requests: int = 0
+    rate_limited_tokens: int = 0
+    rate_limited_streams: int = 0
+    rate_limited_too_large: int = 0
+    rate_limited_locally: int = 0
+    limiter_redis_errors: int = 0
+    limiter_fail_open: int = 0
+    limiter_fail_closed: int = 0
+    settle_failures: int = 0
+    lease_renew_failures: int = 0
+    redis_breaker_opened: int = 0
+    # Routing.
+    router_unreachable: int = 0
+    route_fallback_used: int = 0
+    route_fallback_unavailable: int = 0
+    view_refreshes: int = 0
+    view_refresh_failures: int = 0
+    # Streaming.
+    completions: int = 0
+    client_disconnects: int = 0
+    stream_errors: int = 0
+
+    def snapshot(self) -> dict[str, int]:
+        return asdict(self)

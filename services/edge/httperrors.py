@@ -1,0 +1,32 @@
+"""HTTP-only failures the edge answers that the shared tree (services.common.errors) lacks.
+
+They extend that tree, so the error boundary renders them like every other error::
+
+    MeridianError
+    ├── InvalidRequest
+    │   ├── RequestTimeout       408  the client sent its body (or headers) too slowly
+    │   └── HeadersTooLarge      431  a header line, field or count over the limit
+    └── Conflict                 409  admin API: the tenant already exists
+
+They live here until another service needs them (then they belong in services.common).
+"""
+
+from __future__ import annotations
+
+from services.common.errors import InvalidRequest, MeridianError
+
+
+class RequestTimeout(InvalidRequest):
+    http_status = 408
+    default_code = "request_timeout"
+
+
+class HeadersTooLarge(InvalidRequest):
+    http_status = 431
+    default_code = "headers_too_large"
+
+
+class Conflict(MeridianError):
+    http_status = 409
+    openai_type = "invalid_request_error"
+    default_code = "conflict"

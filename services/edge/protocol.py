@@ -1,0 +1,266 @@
+"""Connection-level abuse limits, where aiohttp lets them live: in the protocol object of each
+connection (a :class:`aiohttp.web.RequestHandler` subclass) and in a listener that creates it.
+
+Per connection:
+
+- **live connections per client IP and per edge**: counted from ``connection_made`` to
+  ``connection_lost``. A connection over a cap is not dropped blindly: its first request is
+  answered with an OpenAI-style 429 (per IP) or 503 (per edge) by :func:`guard_middleware`,
+  then the connection is closed;
+- **header deadline (slow-loris)**: from the connection (or the first byte of the next
+  request on a kept-alive connection) the request line and headers must be complete within
+  ``header_timeout_s``, however slowly the bytes trickle in; otherwise a raw 408 with an
+  OpenAI-style body is written and the connection closed;
+- **idle timeout**: aiohttp's keep-alive timeout (``idle_timeout_s``) closes quiet connections;
+- **header size and count**: aiohttp's parser limits; its errors are answered here in the API's
+  JSON format (431 for too large, 400 for malformed) instead of aiohttp's plain text;
+- **TLS handshake deadline**: ``ssl_handshake_timeout`` of the listening socket.
+
+Every violation is counted (:class:`~services.edge.counters.EdgeCounters`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import ssl
+from typing import Any
+
+from aiohttp import web
+from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError, LineTooLong
+from aiohttp.typedefs import Handler, Middleware
+
+from services.common.errors import (
+    InternalError,
+    InvalidRequest,
+    MeridianError,
+    Overloaded,
+    RateLimited,
+)
+from services.common.logs import event
+from services.edge.counters import EdgeCounters
+from services.edge.guard import GuardConfig, IpBuckets, Occupancy, Refusal, client_ip
+from services.edge.httperrors import HeadersTooLarge, RequestTimeout
+
+log = logging.getLogger("meridian.edge.protocol")
+
+
+def _raw_response(err: MeridianError, reason: str) -> bytes:
+    body = json.dumps(err.to_openai(), separators=(",", ":")).encode()
+    head = (
+        f"HTTP/1.1 {err.http_status} {reason}\r\n"
+        "Content-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n"
+        "Connection: close\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+class GuardedRequestHandler(web.RequestHandler):
+    """aiohttp's per-connection protocol, plus connection caps and a header deadline."""
+
+    def __init__(
+        self,
+        manager: web.Server,
+        *,
+        connections: Occupancy,
+        counters: EdgeCounters,
+        config: GuardConfig,
+        loop: asyncio.AbstractEventLoop,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(manager, loop=loop, **kwargs)
+        self._connections = connections
+        self._counters = counters
+        self._config = config
+        self._ip = "unknown"
+        self.refusal: Refusal | None = None
+        self._registered = False
+        self._header_timer: asyncio.TimerHandle | None = None
+        self._in_request = False
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peer = transport.get_extra_info("peername")
+        if isinstance(peer, tuple) and peer:
+            self._ip = str(peer[0])
+        self.refusal = self._connections.try_acquire(self._ip)
+        if self.refusal is None:
+            self._registered = True
+            self._counters.connections_accepted += 1
+        elif self.refusal is Refusal.IP:
+            self._counters.connections_refused_ip += 1
+        else:
+            self._counters.connections_refused_edge += 1
+        super().connection_made(transport)
+        self._arm_header_timer()
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        self._cancel_header_timer()
+        if self._registered:
+            self._registered = False
+            self._connections.release(self._ip)
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if data and not self._in_request and self._header_timer is None:
+            self._arm_header_timer()  # the first byte of the next request on this connection
+        super().data_received(data)
+
+    # Called by guard_middleware around each parsed request.
+    def request_started(self) -> None:
+        self._cancel_header_timer()
+        self._in_request = True
+
+    def request_finished(self) -> None:
+        self._in_request = False
+
+    def _arm_header_timer(self) -> None:
+        self._cancel_header_timer()
+        self._header_timer = self._loop.call_later(
+            self._config.header_timeout_s, self._on_header_timeout
+        )
+
+    def _cancel_header_timer(self) -> None:
+        if self._header_timer is not None:
+            self._header_timer.cancel()
+            self._header_timer = None
+
+    def _on_header_timeout(self) -> None:
+        self._header_timer = None
+        if self._in_request or self.transport is None:
+            return
+        self._counters.header_timeouts += 1
+        err = RequestTimeout(
+            f"The request headers did not arrive within {self._config.header_timeout_s:g}s."
+        )
+        self.transport.write(_raw_response(err, "Request Timeout"))
+        self.force_close()
+
+    def handle_error(
+        self,
+        request: web.BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """aiohttp's parser and last-resort errors, in the API's JSON format (never a trace)."""
+        if request.writer.output_size > 0:
+            raise ConnectionError("response already started; cannot send an error")
+        err: MeridianError
+        if isinstance(exc, LineTooLong) or (
+            isinstance(exc, BadHttpMessage) and "too many headers" in str(exc).lower()
+        ):
+            self._counters.headers_too_large += 1
+            err = HeadersTooLarge(
+                "Request header fields too large: at most "
+                f"{self._config.max_headers} headers of {self._config.max_header_bytes} bytes."
+            )
+        elif status == 400 or isinstance(exc, HttpProcessingError):
+            self._counters.bad_http_requests += 1
+            detail = message or (exc.message if isinstance(exc, HttpProcessingError) else "")
+            first = detail.strip().splitlines()[0][:120] if detail.strip() else "malformed"
+            err = InvalidRequest(f"The HTTP request could not be parsed: {first}")
+        else:
+            event(log, "http.error", level=logging.WARNING, status=status, error=repr(exc))
+            err = InternalError("internal error")
+        resp = web.json_response(err.to_openai(), status=err.http_status)
+        resp.force_close()
+        return resp
+
+
+def guard_middleware(*, buckets: IpBuckets, counters: EdgeCounters) -> Middleware:
+    """Tells the protocol a request began (header deadline met); answers connections over
+    their cap; applies the per-IP request-rate bucket to every route."""
+
+    @web.middleware
+    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+        proto = request.protocol if isinstance(request.protocol, GuardedRequestHandler) else None
+        if proto is not None:
+            proto.request_started()
+        try:
+            if proto is not None and proto.refusal is not None:
+                proto.close()  # this request gets its answer, then the connection closes
+                if proto.refusal is Refusal.IP:
+                    raise RateLimited(
+                        "Too many open connections from your address.", retry_after_s=1.0
+                    )
+                raise Overloaded("This edge is at its connection limit.", retry_after_s=1.0)
+            wait_s = buckets.take(client_ip(request))
+            if wait_s > 0:
+                counters.ip_rate_limited += 1
+                raise RateLimited(
+                    "Too many requests from your address; slow down.", retry_after_s=wait_s
+                )
+            return await handler(request)
+        finally:
+            if proto is not None:
+                proto.request_finished()
+
+    return guard
+
+
+class Listener:
+    """A listening socket whose connections get :class:`GuardedRequestHandler` protocols.
+
+    aiohttp's own sites build plain ``RequestHandler``s; the protocol factory is the one
+    place a subclass can be put in, so the edge opens its listening socket itself.
+    """
+
+    def __init__(
+        self,
+        *,
+        server: web.Server,
+        host: str,
+        port: int,
+        ssl_context: ssl.SSLContext | None,
+        config: GuardConfig,
+        connections: Occupancy,
+        counters: EdgeCounters,
+        backlog: int = 1024,
+    ) -> None:
+        self._server = server
+        self._host = host
+        self._port = port
+        self._ssl = ssl_context
+        self._config = config
+        self._connections = connections
+        self._counters = counters
+        self._backlog = backlog
+        self._listening: asyncio.Server | None = None
+
+    async def start(self) -> int:
+        loop = asyncio.get_running_loop()
+        cfg = self._config
+
+        def factory() -> GuardedRequestHandler:
+            return GuardedRequestHandler(
+                self._server,
+                connections=self._connections,
+                counters=self._counters,
+                config=cfg,
+                loop=loop,
+                keepalive_timeout=cfg.idle_timeout_s,
+                max_line_size=cfg.max_header_bytes,
+                max_field_size=cfg.max_header_bytes,
+                max_headers=cfg.max_headers,
+                lingering_time=1.0,
+                access_log=None,
+            )
+
+        self._listening = await loop.create_server(
+            factory,
+            self._host,
+            self._port,
+            ssl=self._ssl,
+            ssl_handshake_timeout=cfg.tls_handshake_timeout_s if self._ssl else None,
+            backlog=self._backlog,
+            reuse_address=True,
+        )
+        sock = self._listening.sockets[0]
+        return int(sock.getsockname()[1])
+
+    def close(self) -> None:
+        """Stop accepting connections (live ones are left to the runner's shutdown)."""
+        if self._listening is not None:
+            self._listening.close()

@@ -1,0 +1,342 @@
+"""The admission policy around the limit backends: what runs before Redis, what happens when
+Redis is unreachable, and the life of a lease.
+
+In order, for each request:
+
+1. **Local checks, no Redis** (the local limit in front of the global one, to spare Redis
+   from abusive traffic): a reservation larger than a scope's whole tpm can never pass
+   (429 at once), and a scope that Redis recently refused on *requests per minute* stays
+   refused here until the retry time Redis gave — exact, because in a sliding window no
+   request slot frees before the oldest entry leaves it, whatever other replicas do.
+   (Token and stream refusals are not remembered: another replica's settle can free room
+   at any moment.)
+2. **Redis** (one script call), unless the shared breaker is open.
+3. **Failure policy** when Redis failed or the breaker is open (both counted):
+   ``open`` — decide on this replica's own windows, with each limit scaled by
+   ``local_share`` (set it to 1/replicas to keep the sum near the global limit);
+   ``closed`` — 503 with Retry-After.
+
+An admitted request holds a :class:`Lease`. When the request ends (completed, failed or the
+client went away) :meth:`RateLimiter.settle` replaces the reservation with the tokens really
+used and frees the stream slot, in the background; live leases are renewed every
+``renew_every_s`` so a long stream keeps its slot, and a crashed edge's slots expire after
+``lease_ttl_s``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+import redis.exceptions
+
+from services.common.clock import Clock
+from services.common.errors import RateLimited, Unavailable
+from services.common.logs import event
+from services.edge.breaker import Breaker
+from services.edge.counters import EdgeCounters
+from services.edge.ratelimit.headers import go_duration, rate_limit_headers, refusal_message
+from services.edge.ratelimit.redis_backend import RedisBackend
+from services.edge.ratelimit.types import (
+    Ask,
+    LimiterBackend,
+    Reason,
+    Scope,
+    ScopeState,
+    Verdict,
+)
+from services.edge.ratelimit.window import LocalBackend
+
+log = logging.getLogger("meridian.edge.ratelimit")
+
+_REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
+_MAX_DENIALS = 100_000
+
+
+class FailureMode(StrEnum):
+    OPEN = "open"
+    CLOSED = "closed"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RateLimitConfig:
+    window_s: float = 60.0
+    lease_ttl_s: float = 30.0
+    renew_every_s: float = 10.0
+    failure_mode: FailureMode = FailureMode.OPEN
+    local_share: float = 1.0
+    #: Tokens reserved for the completion when a request does not set max_tokens.
+    default_completion_tokens: int = 1024
+
+    def __post_init__(self) -> None:
+        if not self.window_s >= 1:
+            raise ValueError("window_s must be >= 1")
+        if not 0 < self.renew_every_s * 2 <= self.lease_ttl_s:
+            raise ValueError("need 0 < renew_every_s <= lease_ttl_s / 2 (a renewal may be late)")
+        if not 0 < self.local_share <= 1:
+            raise ValueError("local_share must be in (0, 1]")
+        if self.default_completion_tokens < 1:
+            raise ValueError("default_completion_tokens must be >= 1")
+
+    @property
+    def window_ms(self) -> int:
+        return int(self.window_s * 1000)
+
+    @property
+    def lease_ms(self) -> int:
+        return int(self.lease_ttl_s * 1000)
+
+
+class RateLimitExceeded(RateLimited):
+    """A 429 that also carries the x-ratelimit-* headers of the refusing verdict."""
+
+    def __init__(self, message: str, *, retry_after_s: float | None, headers: dict[str, str]):
+        super().__init__(message, retry_after_s=retry_after_s)
+        self.headers = headers
+
+
+@dataclass(slots=True, eq=False)
+class Lease:
+    ask: Ask
+    backend: LimiterBackend | None  # None: nothing was limited, nothing to settle
+    headers: dict[str, str] = field(default_factory=dict)
+    settled: bool = False
+
+
+class RateLimiter:
+    def __init__(
+        self,
+        *,
+        redis: RedisBackend | None,
+        local: LocalBackend,
+        breaker: Breaker,
+        counters: EdgeCounters,
+        clock: Clock,
+        config: RateLimitConfig,
+    ) -> None:
+        self._redis = redis
+        self._local = local
+        self._breaker = breaker
+        self._counters = counters
+        self._clock = clock
+        self.config = config
+        self._denied_until: dict[str, int] = {}  # scope id -> ms (RPM refusals)
+        self._live: set[Lease] = set()
+        self._pending: set[asyncio.Task[None]] = set()
+        self._to_settle: list[tuple[Ask, int]] = []  # Redis settles waiting for the flusher
+        self._flusher: asyncio.Task[None] | None = None
+
+    def _now_ms(self) -> int:
+        return int(self._clock.time() * 1000)
+
+    @property
+    def live_leases(self) -> int:
+        return len(self._live)
+
+    async def admit(self, ask: Ask) -> Lease:
+        """A lease for ``ask``, or RateLimitExceeded (429) / Unavailable (503, fail-closed)."""
+        limited = tuple(s for s in ask.scopes if not s.limits.unlimited())
+        if not limited:
+            self._counters.admitted += 1
+            return Lease(ask, None)
+        ask = Ask(ask.request_id, ask.tokens, limited)
+        now_ms = self._now_ms()
+        self._check_locally(ask, now_ms)
+        backend, ask, verdict = await self._decide(ask, now_ms)
+        headers = rate_limit_headers(ask, verdict)
+        if not verdict.admitted:
+            self._refused(ask, verdict, now_ms, remember=backend is self._redis)
+            raise RateLimitExceeded(
+                refusal_message(ask, verdict),
+                retry_after_s=verdict.retry_after_ms / 1000 if verdict.retry_after_ms else None,
+                headers=headers,
+            )
+        self._counters.admitted += 1
+        lease = Lease(ask, backend, headers)
+        self._live.add(lease)
+        return lease
+
+    def _check_locally(self, ask: Ask, now_ms: int) -> None:
+        for scope in ask.scopes:
+            tpm = scope.limits.tpm
+            if tpm is not None and ask.tokens > tpm:
+                verdict = Verdict(False, (), Reason.TOO_LARGE, 0, 0)
+                self._counters.rate_limited_too_large += 1
+                raise RateLimitExceeded(
+                    refusal_message(Ask(ask.request_id, ask.tokens, (scope,)), _at(verdict)),
+                    retry_after_s=None,
+                    headers={},
+                )
+            until = self._denied_until.get(scope.id)
+            if until is None:
+                continue
+            if until <= now_ms:
+                del self._denied_until[scope.id]
+                continue
+            self._counters.rate_limited_requests += 1
+            self._counters.rate_limited_locally += 1
+            raise _requests_refusal(scope, until - now_ms)
+
+    async def _decide(self, ask: Ask, now_ms: int) -> tuple[LimiterBackend, Ask, Verdict]:
+        if self._redis is None:
+            return self._local, ask, self._local.admit_now(ask, now_ms)
+        if self._breaker.allow():
+            try:
+                verdict = await self._redis.admit(ask, now_ms)
+            except _REDIS_ERRORS as err:
+                self._breaker.failure()
+                self._counters.limiter_redis_errors += 1
+                event(log, "ratelimit.redis_error", level=logging.WARNING, error=type(err).__name__)
+            else:
+                self._breaker.success()
+                return self._redis, ask, verdict
+        if self.config.failure_mode is FailureMode.CLOSED:
+            self._counters.limiter_fail_closed += 1
+            raise Unavailable("rate limiting is temporarily unavailable", retry_after_s=1.0)
+        self._counters.limiter_fail_open += 1
+        share = self.config.local_share
+        local_ask = Ask(
+            ask.request_id,
+            ask.tokens,
+            tuple(
+                Scope(s.kind, s.name, s.id, s.limits.scaled(share) if share < 1 else s.limits)
+                for s in ask.scopes
+            ),
+        )
+        return self._local, local_ask, self._local.admit_now(local_ask, now_ms)
+
+    def _refused(self, ask: Ask, verdict: Verdict, now_ms: int, *, remember: bool) -> None:
+        """Count a refusal; remember Redis's RPM refusals (the local fallback's windows are
+        this replica's guess and must not outlive an outage)."""
+        reason = verdict.reason
+        if reason is Reason.REQUESTS:
+            self._counters.rate_limited_requests += 1
+            if not remember:
+                return
+            if len(self._denied_until) >= _MAX_DENIALS:
+                self._denied_until.clear()
+            # Remember the refusing scope until *its own* next free slot (its oldest entry
+            # leaving the window), not the verdict's overall retry, which may be longer.
+            scope = ask.scopes[verdict.scope_index]
+            state = verdict.states[verdict.scope_index]
+            if state.reset_ms > 0:
+                self._denied_until[scope.id] = now_ms + state.reset_ms
+        elif reason is Reason.TOKENS:
+            self._counters.rate_limited_tokens += 1
+        elif reason is Reason.STREAMS:
+            self._counters.rate_limited_streams += 1
+        else:
+            self._counters.rate_limited_too_large += 1
+
+    def settle(self, lease: Lease, used_tokens: int) -> None:
+        """Reconcile the reservation with ``used_tokens`` and free the stream slot, in the
+        background: the response never waits for it, and a cancelled handler can call it.
+
+        Redis settles are *group-committed*: one is sent at once; those that arrive while it
+        is in flight go together in the next pipelined round trip. No delay is added, and
+        under load the per-request cost of settling shrinks.
+        """
+        if lease.settled:
+            return
+        lease.settled = True
+        self._live.discard(lease)
+        used = max(0, used_tokens)
+        if lease.backend is None:
+            return
+        if lease.backend is self._redis:
+            self._to_settle.append((lease.ask, used))
+            if self._flusher is None:
+                self._flusher = asyncio.get_running_loop().create_task(self._flush_settles())
+            return
+        task = asyncio.get_running_loop().create_task(self._settle_one(lease.backend, lease, used))
+        self._pending.add(task)
+        task.add_done_callback(self._pending.discard)
+
+    async def _settle_one(self, backend: LimiterBackend, lease: Lease, used: int) -> None:
+        try:
+            await backend.settle(lease.ask, used, self._now_ms())
+        except _REDIS_ERRORS as err:
+            self._counters.settle_failures += 1
+            event(log, "ratelimit.settle_failed", level=logging.WARNING, error=type(err).__name__)
+
+    async def _flush_settles(self) -> None:
+        try:
+            while self._to_settle and self._redis is not None:
+                batch, self._to_settle = self._to_settle, []
+                if not self._breaker.allow():
+                    self._counters.settle_failures += len(batch)  # leases expire on their own
+                    continue
+                try:
+                    await self._redis.settle_many(batch, self._now_ms())
+                except _REDIS_ERRORS as err:
+                    self._breaker.failure()
+                    self._counters.settle_failures += len(batch)
+                    event(
+                        log,
+                        "ratelimit.settle_failed",
+                        level=logging.WARNING,
+                        error=type(err).__name__,
+                        requests=len(batch),
+                    )
+        finally:
+            self._flusher = None
+
+    async def renew_once(self) -> None:
+        """Extend the leases of live requests; sweep idle local state."""
+        now_ms = self._now_ms()
+        self._local.sweep(now_ms)
+        await self._local.renew([x.ask for x in self._live if x.backend is self._local], now_ms)
+        if self._redis is None:
+            return
+        asks = [x.ask for x in self._live if x.backend is self._redis]
+        if not asks or not self._breaker.allow():
+            return
+        try:
+            await self._redis.renew(asks, now_ms)
+        except _REDIS_ERRORS as err:
+            self._breaker.failure()
+            self._counters.lease_renew_failures += 1
+            event(log, "ratelimit.renew_failed", level=logging.WARNING, error=type(err).__name__)
+
+    async def run(self, stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.config.renew_every_s)
+            if not stop.is_set():
+                await self.renew_once()
+
+    async def close(self, timeout_s: float = 2.0) -> None:
+        """Wait (briefly) for settles still in flight."""
+        waiting = set(self._pending)
+        if self._flusher is not None:
+            waiting.add(self._flusher)
+        if waiting:
+            await asyncio.wait(waiting, timeout=timeout_s)
+
+
+def _at(verdict: Verdict) -> Verdict:
+    """``verdict`` with one placeholder state, for messages about a single scope."""
+    return Verdict(
+        verdict.admitted,
+        (ScopeState(0, 0, 0, 0),),
+        verdict.reason,
+        0,
+        verdict.retry_after_ms,
+    )
+
+
+def _requests_refusal(scope: Scope, retry_ms: int) -> RateLimitExceeded:
+    rpm = scope.limits.rpm
+    return RateLimitExceeded(
+        f"Rate limit reached for requests per minute (RPM) on {scope.kind} {scope.name}: "
+        f"Limit {rpm}, Used {rpm}, Requested 1. Please try again in {go_duration(retry_ms)}.",
+        retry_after_s=retry_ms / 1000,
+        headers={
+            "x-ratelimit-limit-requests": str(rpm),
+            "x-ratelimit-remaining-requests": "0",
+            "x-ratelimit-reset-requests": go_duration(retry_ms),
+        },
+    )

@@ -1,0 +1,278 @@
+"""One edge replica, assembled and run: its config, its parts, its listeners, its shutdown.
+
+:class:`EdgeServer` builds every part from a validated :class:`EdgeConfig` and the clients it
+is given (and owns from then on: ``stop`` closes them), listens (HTTPS, or plain HTTP only
+when the config says so; the admin API on its own port), runs the background loops (key
+invalidations, lease renewals, the router view) and drains on ``stop``: stop accepting, refuse
+new chat requests with 503, let live streams finish within ``drain_grace_s``, cancel what is
+left (which cancels the worker calls and settles their limits), then close.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Coroutine
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+import redis.exceptions
+from aiohttp import web
+from redis.asyncio import BlockingConnectionPool
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from services.common.clock import SYSTEM_CLOCK, Clock
+from services.edge.admin import AdminDeps, build_admin_app, token_digest
+from services.edge.apikeys import KeyHasher
+from services.edge.app import EdgeDeps, build_app
+from services.edge.auth import AuthConfig, Authenticator
+from services.edge.breaker import Breaker
+from services.edge.counters import EdgeCounters
+from services.edge.directory import Directory
+from services.edge.failover import FailoverPolicy
+from services.edge.guard import GuardConfig, IpBuckets, Lifecycle, Occupancy
+from services.edge.protocol import Listener
+from services.edge.ratelimit.limiter import FailureMode, RateLimitConfig, RateLimiter
+from services.edge.ratelimit.redis_backend import RedisBackend
+from services.edge.ratelimit.window import LocalBackend
+from services.edge.routeview import ResilientRouter, ViewConfig
+from services.edge.stages import RequestLimits
+from services.edge.tls import TlsConfig, server_context
+from services.edge.upstream import RouterClient, WorkerPool
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EdgeConfig:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    site: str = "local"
+    tls: TlsConfig | None = None
+    #: Plain HTTP must be asked for; without it and without TLS the edge refuses to start.
+    plain_http: bool = False
+    admin_host: str = "127.0.0.1"
+    admin_port: int | None = None  # None: no admin API
+    admin_token: str | None = field(default=None, repr=False)
+    guard: GuardConfig = field(default_factory=GuardConfig)
+    request_limits: RequestLimits = field(default_factory=RequestLimits)
+    auth: AuthConfig = field(default_factory=AuthConfig)
+    ratelimit: RateLimitConfig = field(default_factory=RateLimitConfig)
+    view: ViewConfig = field(default_factory=ViewConfig)
+    failover: FailoverPolicy = field(default_factory=FailoverPolicy)
+    keepalive_after_s: float = 3.0
+    drain_grace_s: float = 10.0
+    redis_breaker_open_s: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.tls is None and not self.plain_http:
+            raise ValueError(
+                "TLS is required: give a certificate and key, or allow plain HTTP explicitly"
+            )
+        if self.tls is not None and self.plain_http:
+            raise ValueError("choose TLS or plain HTTP, not both")
+        if not 0 <= self.port <= 65535:
+            raise ValueError("port must be 0..65535")
+        if self.admin_port is not None:
+            if not 0 <= self.admin_port <= 65535:
+                raise ValueError("admin_port must be 0..65535")
+            if self.admin_token is None:
+                raise ValueError("the admin API needs an admin token")
+            token_digest(self.admin_token)  # raises if too short
+        if not self.drain_grace_s > 0 or not self.keepalive_after_s > 0:
+            raise ValueError("drain_grace_s and keepalive_after_s must be > 0")
+
+
+def connect_redis(
+    url: str, *, timeout_s: float = 1.0, max_connections: int = 256
+) -> aioredis.Redis:
+    """The edge's Redis client.
+
+    - a *blocking* pool of ``max_connections``: a burst waits (up to ``timeout_s``) for a
+      free connection instead of failing, and Redis never sees more than that many from us;
+    - short timeouts, so the breaker and the failure policy take over quickly;
+    - one immediate retry on a connection error, so that after a Redis restart a pooled
+      connection to the old process is replaced rather than failing a request (timeouts
+      are not retried: that would only double the wait before the failure policy applies).
+    """
+    pool = BlockingConnectionPool.from_url(
+        url,
+        max_connections=max_connections,
+        timeout=timeout_s,
+        socket_timeout=timeout_s,
+        socket_connect_timeout=timeout_s,
+        retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
+    )
+    return aioredis.Redis.from_pool(pool)
+
+
+class EdgeServer:
+    def __init__(
+        self,
+        *,
+        config: EdgeConfig,
+        redis: aioredis.Redis,
+        router: RouterClient,
+        hasher: KeyHasher,
+        clock: Clock = SYSTEM_CLOCK,
+        workers: WorkerPool | None = None,
+    ) -> None:
+        self.config = config
+        self.counters = EdgeCounters()
+        self._clock = clock
+        self._redis = redis
+        breaker = Breaker(
+            clock=clock, counters=self.counters, open_for_s=config.redis_breaker_open_s
+        )
+        self.directory = Directory(redis=redis, hasher=hasher, clock=clock)
+        rl = config.ratelimit
+        self.limiter = RateLimiter(
+            redis=RedisBackend(redis=redis, window_ms=rl.window_ms, lease_ms=rl.lease_ms),
+            local=LocalBackend(window_ms=rl.window_ms, lease_ms=rl.lease_ms),
+            breaker=breaker,
+            counters=self.counters,
+            clock=clock,
+            config=rl,
+        )
+        self.auth = Authenticator(
+            directory=self.directory,
+            hasher=hasher,
+            clock=clock,
+            breaker=breaker,
+            counters=self.counters,
+            config=config.auth,
+            serve_stale=rl.failure_mode is FailureMode.OPEN,
+        )
+        self.router = ResilientRouter(
+            client=router, clock=clock, counters=self.counters, config=config.view
+        )
+        guard = config.guard
+        self.deps = EdgeDeps(
+            redis=redis,
+            auth=self.auth,
+            limiter=self.limiter,
+            router=self.router,
+            workers=workers or WorkerPool(),
+            counters=self.counters,
+            lifecycle=Lifecycle(),
+            connections=Occupancy(
+                max_total=guard.max_connections, max_per_ip=guard.max_connections_per_ip
+            ),
+            streams=Occupancy(max_total=guard.max_streams, max_per_ip=guard.max_streams_per_ip),
+            ip_buckets=IpBuckets(rate=guard.ip_requests_per_s, burst=guard.ip_burst, clock=clock),
+            site=config.site,
+            policy=config.failover,
+            guard=guard,
+            request_limits=config.request_limits,
+            keepalive_after_s=config.keepalive_after_s,
+        )
+        self.app = build_app(self.deps)
+        self._runner: web.AppRunner | None = None
+        self._listener: Listener | None = None
+        self._admin_runner: web.AppRunner | None = None
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+        self.port = 0
+        self.admin_port: int | None = None
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.config.tls else "http"
+
+    @property
+    def url(self) -> str:
+        return f"{self.scheme}://{_url_host(self.config.host)}:{self.port}"
+
+    @property
+    def admin_url(self) -> str | None:
+        if self.admin_port is None:
+            return None
+        return f"http://{_url_host(self.config.admin_host)}:{self.admin_port}"
+
+    def gauges(self) -> dict[str, Any]:
+        age = self.router.view_age_s()
+        return {
+            "connections": self.deps.connections.total,
+            "streams": self.deps.streams.total,
+            "live_leases": self.limiter.live_leases,
+            "draining": self.deps.lifecycle.draining,
+            "router_view_age_s": None if age is None else round(age, 3),
+        }
+
+    async def start(self) -> None:
+        cfg = self.config
+        ssl_context = server_context(cfg.tls) if cfg.tls else None
+        self._runner = web.AppRunner(
+            self.app,
+            handler_cancellation=True,
+            access_log=None,
+            shutdown_timeout=cfg.drain_grace_s,
+        )
+        await self._runner.setup()
+        assert self._runner.server is not None
+        self._listener = Listener(
+            server=self._runner.server,
+            host=cfg.host,
+            port=cfg.port,
+            ssl_context=ssl_context,
+            config=cfg.guard,
+            connections=self.deps.connections,
+            counters=self.counters,
+        )
+        self.port = await self._listener.start()
+        if cfg.admin_port is not None and cfg.admin_token is not None:
+            admin = build_admin_app(
+                AdminDeps(
+                    directory=self.directory,
+                    counters=self.counters,
+                    gauges=self.gauges,
+                    token_sha256=token_digest(cfg.admin_token),
+                    now_ms=lambda: int(self._clock.time() * 1000),
+                )
+            )
+            self._admin_runner = web.AppRunner(admin, access_log=None)
+            await self._admin_runner.setup()
+            site = web.TCPSite(self._admin_runner, cfg.admin_host, cfg.admin_port)
+            await site.start()
+            self.admin_port = int(self._admin_runner.addresses[0][1])
+        self._spawn(self.auth.listen(self._redis, self._stop))
+        self._spawn(self.limiter.run(self._stop))
+        self._spawn(self.router.run(self._stop))
+
+    def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
+        self._tasks.append(asyncio.get_running_loop().create_task(coro))
+
+    def begin_drain(self) -> None:
+        """Stop accepting connections and refuse new chat requests (503); streams go on."""
+        self.deps.lifecycle.draining = True
+        if self._listener is not None:
+            self._listener.close()
+
+    async def stop(self) -> None:
+        """Drain (up to ``drain_grace_s`` for live streams), then close everything."""
+        self.begin_drain()
+        if self._runner is not None:
+            await self._runner.cleanup()
+            self._runner = None
+        self._stop.set()
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        self._tasks.clear()
+        await self.limiter.close()
+        if self._admin_runner is not None:
+            await self._admin_runner.cleanup()
+            self._admin_runner = None
+        await self.deps.workers.close()
+        await self.router.close()
+        await self._redis.aclose()
+
+
+def _url_host(host: str) -> str:
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host else host

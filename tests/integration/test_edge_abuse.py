@@ -1,0 +1,166 @@
+"""Abuse limits on the real path, each answered in OpenAI's format and counted: slow bodies,
+too many messages, prompts too long, too many streams from one address, a client that stops
+reading — and the counters on the admin port."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import AsyncIterator
+
+import aiohttp
+import pytest
+
+from services.edge.failover import FailoverPolicy
+from services.edge.guard import GuardConfig
+from services.edge.server import EdgeConfig
+from services.edge.stages import RequestLimits
+from tests.integration.conftest import MODEL, Stack
+from tests.support.inproc import TEST_ADMIN_TOKEN, RunningEdge, start_edge
+from tests.support.wait import eventually
+
+
+@pytest.fixture
+async def strict(stack: Stack, redis_url: str) -> AsyncIterator[RunningEdge]:
+    edge = await start_edge(
+        redis_url=redis_url,
+        router_address=stack.router.address,
+        config=EdgeConfig(
+            port=0,
+            plain_http=True,
+            admin_port=0,
+            admin_token=TEST_ADMIN_TOKEN,
+            failover=FailoverPolicy(first_token_timeout_s=10.0),
+            guard=GuardConfig(body_timeout_s=0.3, write_timeout_s=0.5, max_streams_per_ip=2),
+            request_limits=RequestLimits(max_messages=3, max_prompt_chars=100),
+        ),
+    )
+    yield edge
+    await edge.stop()
+
+
+async def chat(edge: RunningEdge, key: str, body: object) -> tuple[int, dict[str, object]]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{edge.url}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json=body,
+        ) as resp,
+    ):
+        return resp.status, (await resp.json())["error"]
+
+
+async def test_a_body_that_arrives_too_slowly_is_408(strict: RunningEdge, stack: Stack) -> None:
+    port = int(strict.url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {stack.key}\r\nContent-Length: 500\r\n\r\n".encode()
+        + b'{"model": '
+    )
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
+    assert head.startswith(b"HTTP/1.1 408")
+    writer.close()
+    assert strict.counters.body_timeouts == 1
+
+
+@pytest.mark.parametrize(
+    ("messages", "param", "code", "counter"),
+    [
+        ([{"role": "user", "content": "a"}] * 4, "messages", None, "too_many_messages"),
+        (
+            [{"role": "user", "content": "a" * 101}],
+            "messages",
+            "prompt_too_long",
+            "prompts_too_long",
+        ),
+    ],
+)
+async def test_request_size_limits_are_400_naming_the_field(
+    strict: RunningEdge,
+    stack: Stack,
+    messages: list[dict[str, str]],
+    param: str,
+    code: str | None,
+    counter: str,
+) -> None:
+    status, error = await chat(strict, stack.key, {"model": MODEL, "messages": messages})
+    assert status == 400
+    assert (error["param"], error["code"]) == (param, code)
+    assert getattr(strict.counters, counter) == 1
+
+
+async def test_a_third_concurrent_stream_from_one_address_is_429(
+    strict: RunningEdge, stack: Stack
+) -> None:
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "x"}],
+        "stream": True,
+        "max_tokens": 3000,
+        "ignore_eos": True,
+    }
+    async with aiohttp.ClientSession() as http:
+        held = [
+            await http.post(
+                f"{strict.url}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {stack.key}"},
+                json=body,
+            )
+            for _ in range(2)
+        ]
+        assert [r.status for r in held] == [200, 200]
+        status, error = await chat(strict, stack.key, body)
+        assert status == 429
+        assert "concurrent" in str(error["message"])
+        for r in held:
+            r.close()
+    assert strict.counters.streams_refused_ip == 1
+
+
+async def test_a_client_that_stops_reading_is_cut_off(strict: RunningEdge, stack: Stack) -> None:
+    port = int(strict.url.rsplit(":", 1)[1])
+    body = json.dumps(
+        {
+            "model": MODEL,
+            "messages": [{"role": "user", "content": "x"}],
+            "stream": True,
+            "max_tokens": 3500,
+            "ignore_eos": True,
+            "logprobs": True,
+            "top_logprobs": 20,  # large chunks, to fill the socket buffers quickly
+        }
+    ).encode()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await asyncio.get_running_loop().sock_connect(sock, ("127.0.0.1", port))
+    request = (
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {stack.key}\r\nContent-Length: {len(body)}\r\n\r\n".encode()
+        + body
+    )
+    await asyncio.get_running_loop().sock_sendall(sock, request)
+    try:
+        await eventually(lambda: strict.counters.write_timeouts >= 1, timeout_s=15.0)
+        await eventually(lambda: strict.deps.streams.total == 0, timeout_s=5.0)
+    finally:
+        sock.close()
+    worker = stack.workers["kr-1"]
+    await eventually(lambda: worker.engine.load().running == 0, timeout_s=5.0)  # call cancelled
+
+
+async def test_counters_are_on_the_admin_port(strict: RunningEdge, stack: Stack) -> None:
+    await chat(strict, "mk-" + "A" * 43, {"model": MODEL, "messages": []})
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(
+            f"{strict.admin_url}/admin/stats",
+            headers={"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"},
+        ) as resp,
+    ):
+        stats = await resp.json()
+    assert stats["counters"]["auth_invalid"] == 1
+    assert stats["counters"]["connections_accepted"] >= 1

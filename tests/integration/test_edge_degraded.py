@@ -1,0 +1,216 @@
+"""Acceptance: degraded modes, each counted, each recovering without a restart.
+
+- Redis stopped mid-run (a Redis of this test's own, restarted on the same port with its data):
+  an edge that fails open keeps serving recently verified keys with local limits and refuses
+  keys it cannot check; an edge that fails closed answers 503; both recover when Redis returns.
+- Router stopped mid-run: the edge routes from the router's last view (residency included),
+  and goes back to the router when it returns at the same address.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import aiohttp
+import pytest
+
+from meridian.v1 import router_pb2_grpc
+from services.common.clock import SYSTEM_CLOCK
+from services.common.grpcutil import new_server
+from services.edge.failover import FailoverPolicy
+from services.edge.ratelimit.limiter import FailureMode, RateLimitConfig
+from services.edge.server import EdgeConfig
+from services.edge.tenants import Limits
+from services.router.discovery import StaticDiscovery
+from services.router.registry import RegistryConfig, WorkerRegistry
+from services.router.scheduling.profile import load_profile
+from services.router.service import RouterService
+from tests.integration.conftest import MODEL, Stack, start_stack, stop_stack
+from tests.support.inproc import DEFAULT_PROFILE, TEST_ADMIN_TOKEN, RunningEdge, start_edge
+from tests.support.redis_proc import RedisProcess
+from tests.support.wait import eventually
+
+HELLO = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
+
+
+async def ask(edge: RunningEdge, key: str, **body: object) -> tuple[int, dict[str, str]]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{edge.url}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {key}"},
+            json={**HELLO, **body},
+        ) as resp,
+    ):
+        await resp.read()
+        return resp.status, dict(resp.headers)
+
+
+@dataclass
+class RedisOutage:
+    server: RedisProcess
+    stack: Stack
+    closed: RunningEdge  # fails closed; stack.edge fails open
+
+    async def stop_redis(self) -> None:
+        await self.stack.edge.redis.save()  # the restarted server comes back with its data
+        self.server.stop()
+
+    def start_redis(self) -> None:
+        self.server.start()
+
+
+@pytest.fixture
+async def outage(tmp_path: Path) -> AsyncIterator[RedisOutage]:
+    server = RedisProcess(tmp_path / "redis")
+    server.start()
+    stack = await start_stack(server.url)
+    closed = await start_edge(
+        redis_url=server.url,
+        router_address=stack.router.address,
+        config=EdgeConfig(
+            port=0,
+            plain_http=True,
+            admin_port=0,
+            admin_token=TEST_ADMIN_TOKEN,
+            ratelimit=RateLimitConfig(failure_mode=FailureMode.CLOSED),
+            failover=FailoverPolicy(first_token_timeout_s=10.0),
+        ),
+    )
+    yield RedisOutage(server, stack, closed)
+    await closed.stop()
+    await stop_stack(stack)
+    server.stop()
+
+
+async def test_redis_down_fail_open_serves_known_keys_with_local_limits_then_recovers(
+    outage: RedisOutage,
+) -> None:
+    edge = outage.stack.edge
+    limited = await edge.new_key("limited", limits=Limits(rpm=5))
+    unknown = await edge.new_key("acme")  # exists, but this edge never verified it
+    assert (await ask(edge, outage.stack.key))[0] == 200
+    assert (await ask(edge, limited))[0] == 200  # 1 of 5 in Redis's window
+    await outage.stop_redis()
+    await asyncio.sleep(2.1)  # past the fresh cache TTL: the keys are served stale now
+
+    assert (await ask(edge, outage.stack.key))[0] == 200  # verified recently: still served
+    statuses = [(await ask(edge, limited))[0] for _ in range(7)]
+    assert statuses == [200] * 5 + [429] * 2  # a fresh local window of 5
+    assert (await ask(edge, unknown))[0] == 503  # cannot be checked
+    counters = edge.counters
+    assert counters.limiter_fail_open == 7
+    assert counters.auth_stale_served >= 1
+    assert counters.auth_unavailable == 1
+
+    outage.start_redis()
+    await asyncio.sleep(1.1)  # the breaker's open period: the next call tries Redis again
+    assert (await ask(edge, unknown))[0] == 200
+    fail_open = counters.limiter_fail_open
+    statuses = [(await ask(edge, limited))[0] for _ in range(5)]
+    assert statuses == [200] * 4 + [429]  # Redis's window again: 1 before + 4
+    assert counters.limiter_fail_open == fail_open
+
+
+async def test_redis_down_fail_closed_answers_503_then_recovers(outage: RedisOutage) -> None:
+    edge = outage.closed
+    limited = await edge.new_key("limited", limits=Limits(rpm=100))
+    assert (await ask(edge, limited))[0] == 200
+    await outage.stop_redis()
+    await asyncio.sleep(2.1)  # past the fresh cache TTL: only Redis could vouch for the key
+    status, headers = await ask(edge, limited)
+    assert status == 503
+    assert headers["Retry-After"] == "1"
+    status, _ = await ask(edge, outage.stack.key)
+    assert status == 503
+    assert edge.counters.auth_unavailable >= 1
+    outage.start_redis()
+    await asyncio.sleep(1.1)
+    assert (await ask(edge, limited))[0] == 200
+    assert (await ask(edge, outage.stack.key))[0] == 200
+
+
+async def test_fail_closed_refuses_limited_requests_even_with_a_fresh_key(
+    outage: RedisOutage,
+) -> None:
+    edge = outage.closed
+    limited = await edge.new_key("limited", limits=Limits(rpm=100))
+    assert (await ask(edge, limited))[0] == 200
+    await outage.stop_redis()
+    assert (await ask(edge, limited))[0] == 503  # the key is cached; the limit cannot be
+    assert edge.counters.limiter_fail_closed == 1
+    outage.start_redis()
+
+
+async def start_router_at(address: str, workers: Sequence[str]) -> tuple[object, StaticDiscovery]:
+    """A router like tests.support.inproc.start_router, on a given address (a restart)."""
+    registry = WorkerRegistry(RegistryConfig(stale_after_s=0.5))
+    discovery = StaticDiscovery(
+        registry=registry, clock=SYSTEM_CLOCK, addresses=list(workers), report_interval_ms=50
+    )
+    service = RouterService(
+        registry=registry, scheduler=load_profile(DEFAULT_PROFILE), clock=SYSTEM_CLOCK, site="t"
+    )
+    server = new_server()
+    router_pb2_grpc.add_RouterServicer_to_server(service, server)
+    server.add_insecure_port(address)
+    await server.start()
+    discovery.start()
+    return server, discovery
+
+
+async def test_router_down_routes_from_the_last_view_then_recovers(stack: Stack) -> None:
+    edge = stack.edge
+    await edge.server.router.refresh()  # the view the edge keeps (refreshed every 2 s anyway)
+    jp_only = await edge.new_key("jp-only", allowed_regions=("jp",))
+    await stack.router.stop()
+
+    status, headers = await ask(edge, stack.key)
+    assert status == 200
+    assert headers["x-meridian-region"] == "kr"  # nearest and idle, as the router would say
+    status, headers = await ask(edge, jp_only)
+    assert (status, headers["x-meridian-region"]) == (200, "jp")  # residency still holds
+    assert edge.counters.route_fallback_used == 2
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(
+            f"{stack.base_url}/models", headers={"Authorization": f"Bearer {stack.key}"}
+        ) as resp,
+    ):
+        assert resp.status == 200
+        assert [m["id"] for m in (await resp.json())["data"]] == [MODEL]
+
+    workers = [f"{p.host}:{p.port}" for p in stack.proxies.values()]
+    server, discovery = await start_router_at(stack.router.address, workers)
+    try:
+        used = edge.counters.route_fallback_used
+
+        async def routed_by_router() -> bool:
+            before = edge.counters.route_fallback_used
+            status, _ = await ask(edge, stack.key)
+            return status == 200 and edge.counters.route_fallback_used == before
+
+        for _ in range(100):
+            if await routed_by_router():
+                break
+            await asyncio.sleep(0.1)
+        assert await routed_by_router()
+        assert edge.counters.route_fallback_used >= used
+    finally:
+        await server.stop(0)  # type: ignore[attr-defined]
+        await discovery.stop()
+
+
+async def test_router_down_without_a_view_is_503(redis_url: str, stack: Stack) -> None:
+    await stack.router.stop()
+    fresh = await start_edge(redis_url=redis_url, router_address=stack.router.address)
+    try:
+        await eventually(lambda: fresh.counters.view_refresh_failures >= 1)
+        status, _ = await ask(fresh, stack.key)
+        assert status == 503
+        assert fresh.counters.route_fallback_unavailable == 1
+    finally:
+        await fresh.stop()

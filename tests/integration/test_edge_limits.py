@@ -1,0 +1,166 @@
+"""Acceptance: limits that are exact across edge replicas.
+
+Two edges share one Redis (and the stack's router and workers); 100 concurrent requests are
+split between them. Whatever the interleaving, the tenant's requests per minute and
+concurrent streams are never exceeded, and its tokens per minute by at most one request's
+reservation (a request that used more than it reserved is charged in full, after the fact).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+import pytest
+import redis.asyncio as aioredis
+
+from services.edge.openai_types import parse_chat_request
+from services.edge.prompt import estimate_prompt_tokens
+from services.edge.tenants import Limits
+from tests.integration.conftest import MODEL, Stack
+from tests.support.inproc import RunningEdge, start_edge
+from tests.support.wait import eventually
+
+PROMPT = [{"role": "user", "content": "Tell me about the weather in Seoul today."}]
+
+
+@dataclass
+class Pair:
+    stack: Stack
+    edges: tuple[RunningEdge, RunningEdge]
+    redis_url: str
+
+    async def key(self, tenant: str, **fields: Any) -> str:
+        return await self.edges[0].new_key(tenant, **fields)
+
+
+@pytest.fixture
+async def pair(stack: Stack, redis_url: str) -> AsyncIterator[Pair]:
+    second = await start_edge(redis_url=redis_url, router_address=stack.router.address)
+    yield Pair(stack, (stack.edge, second), redis_url)
+    await second.stop()
+
+
+@dataclass
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: dict[str, Any]
+
+
+async def post(http: aiohttp.ClientSession, edge: RunningEdge, key: str, **body: Any) -> Answer:
+    async with http.post(
+        f"{edge.url}/v1/chat/completions",
+        headers={"Authorization": f"Bearer {key}"},
+        json={"model": MODEL, "messages": PROMPT, **body},
+    ) as resp:
+        return Answer(resp.status, dict(resp.headers), await resp.json())
+
+
+async def burst(pair: Pair, key: str, n: int = 100, **body: Any) -> list[Answer]:
+    async with aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0), timeout=aiohttp.ClientTimeout(total=60)
+    ) as http:
+        return list(
+            await asyncio.gather(*(post(http, pair.edges[i % 2], key, **body) for i in range(n)))
+        )
+
+
+async def test_requests_per_minute_are_exact_across_replicas(pair: Pair) -> None:
+    key = await pair.key("rpm", limits=Limits(rpm=7))
+    answers = await burst(pair, key, max_tokens=2)
+    ok = [a for a in answers if a.status == 200]
+    refused = [a for a in answers if a.status == 429]
+    assert (len(ok), len(refused)) == (7, 93)
+    for a in refused:
+        assert a.body["error"]["type"] == "rate_limit_error"
+        assert int(a.headers["Retry-After"]) >= 1
+        assert a.headers["x-ratelimit-limit-requests"] == "7"
+        assert a.headers["x-ratelimit-remaining-requests"] == "0"
+    remaining = sorted(int(a.headers["x-ratelimit-remaining-requests"]) for a in ok)
+    assert remaining == list(range(7))  # each admission saw every earlier one
+
+
+async def test_tokens_per_minute_are_never_overrun_by_more_than_one_reservation(
+    pair: Pair,
+) -> None:
+    tpm = 300
+    key = await pair.key("tpm", limits=Limits(tpm=tpm))
+    answers = await burst(pair, key, max_tokens=12)
+    ok = [a for a in answers if a.status == 200]
+    assert ok
+    used = sum(a.body["usage"]["total_tokens"] for a in ok)
+    request = parse_chat_request(json.dumps({"model": MODEL, "messages": PROMPT}).encode())
+    reservation = estimate_prompt_tokens(request) + 12
+    assert used <= tpm + reservation
+    assert len(ok) >= tpm // reservation  # and the limit was not undersold either
+    refusals = [a for a in answers if a.status == 429]
+    assert refusals
+    assert all("tokens per minute" in a.body["error"]["message"] for a in refusals)
+    assert all(a.headers["x-ratelimit-limit-tokens"] == str(tpm) for a in answers)
+
+
+async def test_concurrent_streams_are_exact_across_replicas_and_freed_on_disconnect(
+    pair: Pair,
+) -> None:
+    key = await pair.key("streams", limits=Limits(max_streams=5))
+    body = {"model": MODEL, "messages": PROMPT, "stream": True, "max_tokens": 5000}
+    body["ignore_eos"] = True
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+
+        async def open_stream(i: int) -> aiohttp.ClientResponse:
+            return await http.post(
+                f"{pair.edges[i % 2].url}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {key}"},
+                json=body,
+            )
+
+        responses = await asyncio.gather(*(open_stream(i) for i in range(100)))
+        statuses = [r.status for r in responses]
+        assert statuses.count(200) == 5
+        assert statuses.count(429) == 95
+        for r in responses:
+            r.close()  # the admitted clients go away mid-stream
+    client = aioredis.Redis.from_url(pair.redis_url)
+
+    async def leases() -> int:
+        return sum([await client.zcard(k) for k in await client.keys("meridian:rl:*:c")])
+
+    for _ in range(200):
+        if await leases() == 0:
+            break
+        await asyncio.sleep(0.02)
+    assert await leases() == 0  # every slot was released, none left to expire
+    await client.aclose()
+    await eventually(lambda: all(e.server.limiter.live_leases == 0 for e in pair.edges))
+    async with aiohttp.ClientSession() as http:
+        again = await post(http, pair.edges[1], key, max_tokens=2)
+    assert again.status == 200
+
+
+async def test_successful_responses_carry_rate_limit_headers(pair: Pair) -> None:
+    key = await pair.key("headers", limits=Limits(rpm=50, tpm=10_000))
+    async with aiohttp.ClientSession() as http:
+        answer = await post(http, pair.edges[0], key, max_tokens=3)
+    assert answer.status == 200
+    assert answer.headers["x-ratelimit-limit-requests"] == "50"
+    assert answer.headers["x-ratelimit-remaining-requests"] == "49"
+    assert answer.headers["x-ratelimit-limit-tokens"] == "10000"
+    assert int(answer.headers["x-ratelimit-remaining-tokens"]) < 10_000
+    assert answer.headers["x-ratelimit-reset-requests"].endswith("s")
+
+
+async def test_per_key_limits_apply_under_the_tenant_limits(pair: Pair) -> None:
+    key_a = await pair.key("shared", limits=Limits(rpm=3), key_limits=Limits(rpm=2))
+    key_b, _ = await pair.edges[0].directory.create_key("shared")
+    async with aiohttp.ClientSession() as http:
+        a = [await post(http, pair.edges[i % 2], key_a, max_tokens=2) for i in range(3)]
+        b = [await post(http, pair.edges[i % 2], key_b, max_tokens=2) for i in range(2)]
+    assert [x.status for x in a] == [200, 200, 429]  # the key's own limit
+    assert "on key" in a[2].body["error"]["message"]
+    assert [x.status for x in b] == [200, 429]  # the tenant's: 3 in all
+    assert "on tenant shared" in b[1].body["error"]["message"]

@@ -1,0 +1,190 @@
+"""The admin API on its own port (token in constant time, never on the public port), and the
+CLI that drives it, against a real edge and a real Redis (the router is absent: not needed)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aiohttp
+import pytest
+
+from services.common.errors import AuthenticationFailed
+from tests.support.inproc import TEST_ADMIN_TOKEN, RunningEdge, start_edge
+from tests.support.redis_proc import free_port
+from tests.support.wait import eventually
+
+AUTH = {"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"}
+
+
+@pytest.fixture
+async def edge(redis_url: str) -> AsyncIterator[RunningEdge]:
+    e = await start_edge(redis_url=redis_url, router_address=f"127.0.0.1:{free_port()}")
+    yield e
+    await e.stop()
+
+
+async def call(
+    edge: RunningEdge,
+    method: str,
+    path: str,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any, dict[str, str]]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.request(
+            method, edge.admin_url + path, json=body, headers=AUTH if headers is None else headers
+        ) as resp,
+    ):
+        return resp.status, await resp.json(), dict(resp.headers)
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        {},
+        {"Authorization": "Bearer wrong-token-wrong-token"},
+        {"Authorization": f"Basic {TEST_ADMIN_TOKEN}"},
+        {"Authorization": f"Bearer {TEST_ADMIN_TOKEN}x"},
+    ],
+)
+async def test_the_admin_api_needs_the_admin_token(
+    edge: RunningEdge, headers: dict[str, str]
+) -> None:
+    status, body, _ = await call(edge, "GET", "/admin/tenants", headers=headers)
+    assert status == 401
+    assert body["error"]["code"] == "invalid_admin_token"
+
+
+async def test_the_admin_api_is_not_on_the_public_port(edge: RunningEdge) -> None:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(edge.url + "/admin/stats", headers=AUTH) as resp,
+    ):
+        assert resp.status == 404
+
+
+async def test_tenants_are_created_changed_listed_and_deleted(edge: RunningEdge) -> None:
+    tenant = {
+        "tenant_id": "acme",
+        "tier": "high",
+        "allowed_regions": ["kr"],
+        "limits": {"rpm": 60, "tpm": 10_000},
+        "key_limits": {"max_streams": 2},
+    }
+    status, created, _ = await call(edge, "POST", "/admin/tenants", tenant)
+    assert status == 201
+    assert created["tier"] == "high"
+    assert created["created_ms"] > 0
+    status, body, _ = await call(edge, "POST", "/admin/tenants", tenant)
+    assert (status, body["error"]["code"]) == (409, "conflict")
+    status, patched, _ = await call(edge, "PATCH", "/admin/tenants/acme", {"tier": "low"})
+    assert (status, patched["tier"], patched["limits"]["rpm"]) == (200, "low", 60)
+    status, listed, _ = await call(edge, "GET", "/admin/tenants")
+    assert [t["tenant_id"] for t in listed["tenants"]] == ["acme"]
+    assert (await call(edge, "DELETE", "/admin/tenants/acme"))[0] == 200
+    status, body, _ = await call(edge, "GET", "/admin/tenants/acme")
+    assert (status, body["error"]["code"]) == (404, "tenant_not_found")
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({"tenant_id": "acme", "limits": {"rpm": -1}}, "limits.rpm"),
+        ({"tenant_id": "acme", "tier": "platinum"}, "tier"),
+        ({"tenant_id": "bad id"}, "tenant_id"),
+        ({"tenant_id": "acme", "bogus": 1}, "bogus"),
+        ([1, 2], None),
+    ],
+)
+async def test_invalid_tenants_are_400_naming_the_field(
+    edge: RunningEdge, body: Any, param: str | None
+) -> None:
+    status, answer, _ = await call(edge, "POST", "/admin/tenants", body)
+    assert status == 400
+    assert answer["error"]["param"] == param
+
+
+async def test_keys_are_created_rotated_and_revoked(edge: RunningEdge) -> None:
+    await call(edge, "POST", "/admin/tenants", {"tenant_id": "acme"})
+    status, created, headers = await call(
+        edge, "POST", "/admin/tenants/acme/keys", {"name": "ci", "limits": {"rpm": 5}}
+    )
+    assert status == 201
+    assert headers["Cache-Control"] == "no-store"
+    raw, key_id = created["key"], created["key_id"]
+    assert (await edge.server.auth.verify(raw)).key.key_id == key_id
+    status, listed, _ = await call(edge, "GET", "/admin/tenants/acme/keys")
+    assert [k["key_id"] for k in listed["keys"]] == [key_id]
+    assert "key" not in listed["keys"][0]
+    status, rotated, _ = await call(edge, "POST", f"/admin/keys/{key_id}/rotate", {"grace_s": 60})
+    assert status == 201
+    assert rotated["replaces"]["expires_ms"] is not None
+    assert rotated["limits"] == {"rpm": 5, "tpm": None, "max_streams": None}
+    await edge.server.auth.verify(raw)  # within the grace period
+    await edge.server.auth.verify(rotated["key"])  # cached now
+    seen = edge.counters.auth_invalidations
+    status, revoked, _ = await call(edge, "DELETE", f"/admin/keys/{rotated['key_id']}")
+    assert status == 200
+    assert revoked["revoked_ms"] is not None
+    await eventually(lambda: edge.counters.auth_invalidations > seen)  # pub/sub, not the TTL
+    with pytest.raises(AuthenticationFailed):
+        await edge.server.auth.verify(rotated["key"])
+    status, _, _ = await call(edge, "POST", "/admin/tenants/ghost/keys", {})
+    assert status == 404
+
+
+async def test_stats_show_counters_and_gauges(edge: RunningEdge) -> None:
+    status, stats, _ = await call(edge, "GET", "/admin/stats")
+    assert status == 200
+    assert stats["counters"]["admitted"] == 0
+    assert set(stats["gauges"]) >= {"connections", "streams", "live_leases", "draining"}
+
+
+async def cli(edge: RunningEdge, *args: str, token: str = TEST_ADMIN_TOKEN) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "services.edge.keys",
+        "--admin-url",
+        edge.admin_url,
+        *args,
+        env={**os.environ, "MERIDIAN_ADMIN_TOKEN": token},
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_the_cli_manages_tenants_and_keys(edge: RunningEdge) -> None:
+    code, out, _ = await cli(edge, "tenant", "create", "acme", "--tier", "high", "--rpm", "30")
+    assert code == 0
+    assert json.loads(out)["limits"]["rpm"] == 30
+    code, out, _ = await cli(edge, "tenant", "update", "acme", "--tpm", "900", "--region", "jp")
+    tenant = json.loads(out)
+    assert tenant["limits"] == {"rpm": 30, "tpm": 900, "max_streams": None}
+    assert tenant["allowed_regions"] == ["jp"]
+    code, out, _ = await cli(edge, "key", "create", "acme", "--name", "laptop")
+    created = json.loads(out)
+    assert (await edge.server.auth.verify(created["key"])).tenant.tenant_id == "acme"
+    code, out, _ = await cli(edge, "key", "revoke", created["key_id"])
+    assert code == 0
+    assert json.loads(out)["revoked_ms"] is not None
+    code, out, _ = await cli(edge, "key", "list", "acme")
+    assert [k["key_id"] for k in json.loads(out)["keys"]] == [created["key_id"]]
+
+
+async def test_the_cli_reports_errors_on_stderr(edge: RunningEdge) -> None:
+    code, out, err = await cli(edge, "tenant", "list", token="not-the-admin-token")
+    assert (code, out) == (1, "")
+    assert "HTTP 401" in err
+    code, _, err = await cli(edge, "tenant", "get", "ghost")
+    assert code == 1
+    assert "no tenant" in err

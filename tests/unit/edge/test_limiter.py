@@ -1,0 +1,242 @@
+"""The admission policy around the backends: local checks before Redis, the breaker, the
+fail-open / fail-closed modes and the life of a lease — with a real Redis, and a Redis client
+aimed at a port nobody listens on for "Redis is down"."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from services.common.clock import ManualClock
+from services.common.errors import Unavailable
+from services.edge.breaker import Breaker
+from services.edge.counters import EdgeCounters
+from services.edge.ratelimit.limiter import (
+    FailureMode,
+    Lease,
+    RateLimitConfig,
+    RateLimiter,
+    RateLimitExceeded,
+)
+from services.edge.ratelimit.redis_backend import RedisBackend, scope_keys
+from services.edge.ratelimit.types import Ask, Scope
+from services.edge.ratelimit.window import LocalBackend
+from services.edge.tenants import Limits
+from tests.support.redis_proc import free_port
+
+
+@pytest.fixture
+async def live(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    yield client
+    await client.aclose()
+
+
+@pytest.fixture
+async def dead() -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(
+        f"redis://127.0.0.1:{free_port()}/0", socket_connect_timeout=0.5, socket_timeout=0.5
+    )
+    yield client
+    await client.aclose()
+
+
+def make(
+    client: aioredis.Redis | None,
+    clock: ManualClock,
+    counters: EdgeCounters,
+    **config: object,
+) -> RateLimiter:
+    cfg = RateLimitConfig(**config)  # type: ignore[arg-type]
+    return RateLimiter(
+        redis=None
+        if client is None
+        else RedisBackend(redis=client, window_ms=cfg.window_ms, lease_ms=cfg.lease_ms),
+        local=LocalBackend(window_ms=cfg.window_ms, lease_ms=cfg.lease_ms),
+        breaker=Breaker(clock=clock, counters=counters, open_for_s=1.0),
+        counters=counters,
+        clock=clock,
+        config=cfg,
+    )
+
+
+_n = 0
+
+
+def ask(tokens: int = 1, **limits: int) -> Ask:
+    global _n
+    _n += 1
+    return Ask(f"q{_n}", tokens, (Scope("tenant", "acme", "{acme}:t", Limits(**limits)),))
+
+
+async def evalsha_calls(client: aioredis.Redis) -> int:
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def test_unlimited_requests_touch_no_backend(dead: aioredis.Redis) -> None:
+    counters = EdgeCounters()
+    limiter = make(dead, ManualClock(), counters)
+    lease = await limiter.admit(ask())
+    assert lease.backend is None
+    assert (counters.admitted, counters.limiter_redis_errors) == (1, 0)
+
+
+async def test_admitted_requests_carry_openai_rate_limit_headers(live: aioredis.Redis) -> None:
+    limiter = make(live, ManualClock(), EdgeCounters())
+    lease = await limiter.admit(ask(30, rpm=10, tpm=100))
+    assert lease.headers == {
+        "x-ratelimit-limit-requests": "10",
+        "x-ratelimit-remaining-requests": "9",
+        "x-ratelimit-reset-requests": "1m0s",
+        "x-ratelimit-limit-tokens": "100",
+        "x-ratelimit-remaining-tokens": "70",
+        "x-ratelimit-reset-tokens": "1m0s",
+    }
+
+
+async def test_an_rpm_refusal_is_remembered_locally_until_a_slot_frees(
+    live: aioredis.Redis,
+) -> None:
+    clock, counters = ManualClock(), EdgeCounters()
+    limiter = make(live, clock, counters)
+    for _ in range(2):
+        await limiter.admit(ask(rpm=2))
+    with pytest.raises(RateLimitExceeded) as first:
+        await limiter.admit(ask(rpm=2))
+    assert first.value.retry_after_s == 60.0
+    calls = await evalsha_calls(live)
+    clock.advance(30)
+    with pytest.raises(RateLimitExceeded) as second:
+        await limiter.admit(ask(rpm=2))
+    assert await evalsha_calls(live) == calls  # Redis was spared
+    assert second.value.retry_after_s == 30.0
+    assert second.value.headers["x-ratelimit-remaining-requests"] == "0"
+    assert (counters.rate_limited_requests, counters.rate_limited_locally) == (2, 1)
+    clock.advance(30)
+    await limiter.admit(ask(rpm=2))
+
+
+async def test_a_request_larger_than_tpm_is_refused_without_redis(dead: aioredis.Redis) -> None:
+    counters = EdgeCounters()
+    limiter = make(dead, ManualClock(), counters)
+    with pytest.raises(RateLimitExceeded) as refused:
+        await limiter.admit(ask(500, tpm=100))
+    assert "Request too large" in refused.value.message
+    assert refused.value.retry_after_s is None
+    assert (counters.rate_limited_too_large, counters.limiter_redis_errors) == (1, 0)
+
+
+async def test_fail_open_decides_on_local_windows_scaled_to_the_replica_share(
+    dead: aioredis.Redis,
+) -> None:
+    counters = EdgeCounters()
+    limiter = make(dead, ManualClock(), counters, local_share=0.5)
+    first = await limiter.admit(ask(rpm=4))
+    await limiter.admit(ask(rpm=4))
+    with pytest.raises(RateLimitExceeded):
+        await limiter.admit(ask(rpm=4))
+    assert first.headers["x-ratelimit-limit-requests"] == "2"
+    assert counters.limiter_fail_open == 3
+    assert counters.limiter_redis_errors == 1  # then the breaker kept Redis out of the way
+
+
+async def test_fail_closed_refuses_with_503(dead: aioredis.Redis) -> None:
+    counters = EdgeCounters()
+    limiter = make(dead, ManualClock(), counters, failure_mode=FailureMode.CLOSED)
+    with pytest.raises(Unavailable) as refused:
+        await limiter.admit(ask(rpm=4))
+    assert refused.value.http_status == 503
+    assert refused.value.retry_after_s == 1.0
+    assert counters.limiter_fail_closed == 1
+
+
+async def test_the_breaker_retries_redis_once_its_open_period_is_over(
+    dead: aioredis.Redis,
+) -> None:
+    clock, counters = ManualClock(), EdgeCounters()
+    limiter = make(dead, clock, counters)
+    await limiter.admit(ask(rpm=100))
+    await limiter.admit(ask(rpm=100))
+    assert counters.limiter_redis_errors == 1
+    clock.advance(1.0)
+    await limiter.admit(ask(rpm=100))
+    assert counters.limiter_redis_errors == 2
+    assert counters.redis_breaker_opened == 1  # still open: opened once
+
+
+async def test_settling_frees_the_stream_slot_in_the_background(live: aioredis.Redis) -> None:
+    limiter = make(live, ManualClock(), EdgeCounters())
+    lease = await limiter.admit(ask(50, tpm=100, max_streams=1))
+    assert limiter.live_leases == 1
+    limiter.settle(lease, 7)
+    limiter.settle(lease, 7)  # idempotent
+    await limiter.close()
+    assert limiter.live_leases == 0
+    nxt = await limiter.admit(ask(50, tpm=100, max_streams=1))
+    assert nxt.headers["x-ratelimit-remaining-tokens"] == "43"  # 100 - 7 - 50
+
+
+async def test_a_failed_settle_is_counted_and_left_to_the_lease_expiry(
+    dead: aioredis.Redis,
+) -> None:
+    counters = EdgeCounters()
+    limiter = make(dead, ManualClock(), counters)
+    backend = RedisBackend(redis=dead, window_ms=60_000, lease_ms=30_000)
+    limiter.settle(Lease(ask(max_streams=1), backend), 1)
+    await limiter.close()
+    assert counters.settle_failures == 1
+
+
+async def test_renewal_extends_the_leases_of_live_requests(live: aioredis.Redis) -> None:
+    clock = ManualClock()
+    limiter = make(live, clock, EdgeCounters())
+    lease = await limiter.admit(ask(max_streams=2))
+    clock.advance(10)
+    await limiter.renew_once()
+    (scope,) = lease.ask.scopes
+    [(member, expiry)] = await live.zrange(scope_keys(scope)[2], 0, -1, withscores=True)
+    assert member == lease.ask.request_id.encode()
+    assert expiry == int(clock.time() * 1000) + 30_000
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"window_s": 0.5}, "window_s"),
+        ({"renew_every_s": 20.0, "lease_ttl_s": 30.0}, "renew_every_s"),
+        ({"local_share": 0.0}, "local_share"),
+        ({"local_share": 1.5}, "local_share"),
+        ({"default_completion_tokens": 0}, "default_completion_tokens"),
+    ],
+)
+def test_bad_limiter_config_is_refused(config: dict[str, object], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        RateLimitConfig(**config)  # type: ignore[arg-type]
+
+
+async def test_a_burst_of_settles_is_group_committed_and_all_applied(
+    live: aioredis.Redis,
+) -> None:
+    limiter = make(live, ManualClock(), EdgeCounters())
+    leases = [await limiter.admit(ask(100, tpm=10_000, max_streams=50)) for _ in range(50)]
+    for lease in leases:
+        limiter.settle(lease, 10)  # 49 of them queue behind the first round trip
+    await limiter.close()
+    (scope,) = leases[0].ask.scopes
+    _, tokens, streams = scope_keys(scope)
+    assert await live.zcard(streams) == 0
+    assert int(await live.hget(tokens, "#sum")) == 500
+
+
+async def test_settles_that_cannot_reach_redis_are_each_counted(dead: aioredis.Redis) -> None:
+    counters = EdgeCounters()
+    limiter = make(dead, ManualClock(), counters, failure_mode=FailureMode.OPEN)
+    backend = limiter._redis
+    assert backend is not None
+    for _ in range(3):
+        limiter.settle(Lease(ask(max_streams=1), backend), 1)
+    await limiter.close()
+    assert counters.settle_failures == 3

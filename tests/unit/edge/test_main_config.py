@@ -1,0 +1,92 @@
+"""The edge's command line: what it refuses to start with, and that secrets stay secret."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.edge.main import build_parser, config_from_args, main
+from services.edge.ratelimit.limiter import FailureMode
+from services.edge.server import EdgeConfig
+
+BASE = ["--redis-url", "redis://127.0.0.1:1/0", "--router", "127.0.0.1:2"]
+
+
+def parse(*extra: str) -> EdgeConfig:
+    return config_from_args(build_parser().parse_args([*BASE, *extra]))
+
+
+def test_plain_http_must_be_asked_for() -> None:
+    with pytest.raises(ValueError, match="TLS is required"):
+        parse()
+    assert parse("--plain-http").tls is None
+
+
+def test_tls_files_come_in_pairs(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="go together"):
+        parse("--tls-cert", str(tmp_path / "c"))
+    config = parse("--tls-cert", str(tmp_path / "c"), "--tls-key", str(tmp_path / "k"))
+    assert config.tls is not None
+    assert config.tls.min_version == "1.2"
+
+
+def test_the_admin_api_needs_a_long_enough_token(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("MERIDIAN_ADMIN_TOKEN", raising=False)
+    with pytest.raises(ValueError, match="admin-token-file"):
+        parse("--plain-http", "--admin-port", "0")
+    short = tmp_path / "token"
+    short.write_text("tiny\n")
+    with pytest.raises(ValueError, match="at least 16") as err:
+        parse("--plain-http", "--admin-port", "0", "--admin-token-file", str(short))
+    assert "tiny" not in str(err.value)
+    monkeypatch.setenv("MERIDIAN_ADMIN_TOKEN", "a-long-enough-admin-token")
+    config = parse("--plain-http", "--admin-port", "0")
+    assert config.admin_token == "a-long-enough-admin-token"
+    assert "a-long-enough-admin-token" not in repr(config)
+
+
+def test_limits_and_failure_modes_reach_the_config() -> None:
+    config = parse(
+        "--plain-http",
+        "--redis-failure-mode",
+        "closed",
+        "--local-limit-share",
+        "0.25",
+        "--max-streams-per-ip",
+        "3",
+        "--header-timeout-s",
+        "2.5",
+        "--max-messages",
+        "10",
+    )
+    assert config.ratelimit.failure_mode is FailureMode.CLOSED
+    assert config.ratelimit.local_share == 0.25
+    assert config.guard.max_streams_per_ip == 3
+    assert config.guard.header_timeout_s == 2.5
+    assert config.request_limits.max_messages == 10
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        ["--max-streams", "0"],
+        ["--header-timeout-s", "-1"],
+        ["--redis-failure-mode", "maybe"],
+        ["--port", "70000"],
+    ],
+)
+def test_bad_values_stop_the_parser(bad: list[str]) -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*BASE, "--plain-http", *bad])
+
+
+def test_a_missing_pepper_stops_the_edge_before_it_starts(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.delenv("MERIDIAN_KEY_PEPPER", raising=False)
+    with pytest.raises(SystemExit):
+        main([*BASE, "--plain-http"])
+    assert "no key pepper" in capsys.readouterr().err

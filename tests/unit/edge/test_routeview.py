@@ -1,0 +1,118 @@
+"""The local ranking rule the edge uses while the router is unreachable (a table of views)."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from meridian.v1 import router_pb2, worker_pb2
+from services.common.clock import ManualClock
+from services.edge.counters import EdgeCounters
+from services.edge.routeview import ResilientRouter, ViewConfig, models_from_view, rank_locally
+from services.edge.upstream import RouterClient, RouterUnreachable
+from tests.support.redis_proc import free_port
+
+READY = worker_pb2.MODEL_STATE_READY
+
+
+def worker(
+    wid: str,
+    *,
+    region: str = "kr",
+    rtt: float = 5.0,
+    running: int = 0,
+    max_running: int = 10,
+    healthy: bool = True,
+    draining: bool = False,
+    model: str = "m",
+    state: int = READY,
+) -> router_pb2.WorkerView:
+    w = router_pb2.WorkerView(
+        worker_id=wid, region=region, address=f"{wid}:1", healthy=healthy, rtt_ms=rtt
+    )
+    w.load.running = running
+    w.load.max_running = max_running
+    w.load.draining = draining
+    w.load.models.add(name=model, state=state, max_model_len=4096)
+    return w
+
+
+def rank(
+    workers: list[router_pb2.WorkerView],
+    *,
+    allowed: tuple[str, ...] = (),
+    exclude: tuple[str, ...] = (),
+    assigned: dict[str, int] | None = None,
+) -> list[str]:
+    view = router_pb2.RouterView(workers=workers)
+    req = router_pb2.RouteRequest(
+        model="m", allowed_regions=list(allowed), exclude_worker_ids=list(exclude)
+    )
+    ranked = rank_locally(view, req, rng=random.Random(1), assigned=assigned or {})
+    return [c.worker_id for c in ranked]
+
+
+@pytest.mark.parametrize(
+    ("workers", "kwargs", "expected"),
+    [
+        ([worker("near", rtt=2), worker("far", rtt=80)], {}, ["near", "far"]),
+        ([worker("busy", rtt=2, running=9), worker("idle", rtt=80)], {}, ["idle", "busy"]),
+        ([worker("a", rtt=2, running=3), worker("b", rtt=1, running=3)], {}, ["b", "a"]),
+        ([worker("sick", healthy=False), worker("ok")], {}, ["ok"]),
+        ([worker("leaving", draining=True), worker("ok")], {}, ["ok"]),
+        ([worker("other", model="x"), worker("ok")], {}, ["ok"]),
+        ([worker("loading", state=worker_pb2.MODEL_STATE_LOADING), worker("ok")], {}, ["ok"]),
+        ([worker("kr1"), worker("jp1", region="jp")], {"allowed": ("jp",)}, ["jp1"]),
+        ([worker("tried"), worker("ok")], {"exclude": ("tried",)}, ["ok"]),
+        (
+            [worker("near", rtt=2), worker("far", rtt=80)],
+            {"assigned": {"near": 9}},
+            ["far", "near"],
+        ),
+        ([worker("sick", healthy=False)], {}, []),
+    ],
+)
+def test_local_ranking(
+    workers: list[router_pb2.WorkerView], kwargs: dict[str, object], expected: list[str]
+) -> None:
+    assert rank(workers, **kwargs) == expected  # type: ignore[arg-type]
+
+
+def test_equal_workers_are_ordered_at_random() -> None:
+    view = router_pb2.RouterView(workers=[worker(f"w{i}") for i in range(4)])
+    req = router_pb2.RouteRequest(model="m")
+    firsts = {
+        rank_locally(view, req, rng=random.Random(seed), assigned={})[0].worker_id
+        for seed in range(40)
+    }
+    assert len(firsts) > 1
+
+
+def test_models_are_listed_from_the_view() -> None:
+    view = router_pb2.RouterView(
+        workers=[
+            worker("a", region="kr"),
+            worker("b", region="jp"),
+            worker("c", region="us", healthy=False),
+            worker("d", model="x", state=worker_pb2.MODEL_STATE_LOADING),
+        ]
+    )
+    models = models_from_view(view)
+    assert [(m.name, list(m.regions)) for m in models.models] == [("m", ["jp", "kr"])]
+
+
+async def test_without_a_view_an_unreachable_router_is_a_503() -> None:
+    counters = EdgeCounters()
+    router = ResilientRouter(
+        client=RouterClient(f"127.0.0.1:{free_port()}", timeout_s=0.5),
+        clock=ManualClock(),
+        counters=counters,
+        config=ViewConfig(),
+    )
+    with pytest.raises(RouterUnreachable) as err:
+        await router.route(router_pb2.RouteRequest(model="m"))
+    assert err.value.http_status == 503
+    assert (counters.router_unreachable, counters.route_fallback_unavailable) == (1, 1)
+    assert not await router.ready()
+    await router.close()
