@@ -54,7 +54,11 @@ def _add_policy(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m services.edge.keys", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m services.edge.keys",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--admin-url", default=os.environ.get(ADMIN_URL_ENV, "http://127.0.0.1:9090"))
     p.add_argument("--admin-token-file", type=Path, help=f"else ${ADMIN_TOKEN_ENV}")
     groups = p.add_subparsers(dest="group", required=True)

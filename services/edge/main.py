@@ -78,7 +78,11 @@ _count = _number(int, 1)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m services.edge", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m services.edge",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_port, default=8080)
     p.add_argument("--ready-file", type=Path)

@@ -81,7 +81,11 @@ def write_self_signed(
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m services.edge.selfsigned", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m services.edge.selfsigned",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--cert", type=Path, required=True)
     p.add_argument("--key", type=Path, required=True)
     p.add_argument("--host", action="append", dest="hosts", help="repeatable")

@@ -25,11 +25,21 @@ STATE_DIR = Path(os.environ.get("MERIDIAN_STATE_DIR", ".meridian"))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m services.localstack", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m services.localstack",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--engine", choices=["sim", "vllm"], default="sim")
     p.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
     p.add_argument("--state-dir", type=Path, default=STATE_DIR)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--tls",
+        action="store_true",
+        default=os.environ.get("MERIDIAN_TLS", "") in {"1", "true", "yes"},
+        help="serve the edge over HTTPS with a generated self-signed certificate",
+    )
     return p
 
 
@@ -42,6 +52,8 @@ def _edge_port() -> int:
 
 def _banner(stack: LocalStack, key_file: Path) -> str:
     ep = stack.endpoints
+    tls = f"\n  TLS certificate to trust:  {ep.tls_cert}" if ep.tls_cert else ""
+    cacert = f"--cacert {ep.tls_cert} " if ep.tls_cert else ""
     rows = "\n".join(
         f"    {w.name:<12} region={w.region:<4} rtt={_rtt(stack, w.region):>5} ms  {w.proxied}"
         for w in ep.workers.values()
@@ -51,14 +63,15 @@ Meridian local stack is up.
 
   Edge (OpenAI-compatible):  {ep.edge_url}/v1
   Demo API key:              {ep.demo_key}   (also in {key_file})
-  Model:                     {ep.model}
+  Model:                     {ep.model}{tls}
+  Admin API:                 {ep.admin_url}   (token in {stack.run_dir / "secrets" / "admin-token"})
   Router:                    {ep.router}
   Redis:                     {ep.redis_url}
   Workers (through the delay proxy):
 {rows}
 
 Try it:
-  curl {ep.edge_url}/v1/chat/completions -H "Authorization: Bearer $(cat {key_file})" \\
+  curl {cacert}{ep.edge_url}/v1/chat/completions -H "Authorization: Bearer $(cat {key_file})" \\
        -H "Content-Type: application/json" \\
        -d '{{"model": "{ep.model}", "messages": [{{"role": "user", "content": "Hello"}}]}}'
 
@@ -71,6 +84,8 @@ def _describe(stack: LocalStack) -> dict[str, object]:
     ep = stack.endpoints
     return {
         "edge_url": ep.edge_url,
+        "admin_url": ep.admin_url,
+        "tls_cert": ep.tls_cert,
         "router": ep.router,
         "redis_url": ep.redis_url,
         "model": ep.model,
@@ -106,6 +121,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         redis_url=os.environ.get("REDIS_URL") or None,
         vllm_model_path=model_path,
         log_level=args.log_level,
+        tls=args.tls,
     )
     starting = asyncio.create_task(stack.start())
     stopping = asyncio.create_task(stop.wait())

@@ -52,7 +52,11 @@ def _ms(value: str) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m services.router", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m services.router",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--site", default="local", help="this replica's edge site name")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=_port, default=0)

@@ -59,7 +59,11 @@ def _positive_float(value: str) -> float:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m services.worker", description=__doc__)
+    p = argparse.ArgumentParser(
+        prog="python -m services.worker",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--engine", choices=ENGINE_NAMES, default="sim")
     p.add_argument("--worker-id", type=_identifier, required=True)
     p.add_argument("--region", type=_identifier, required=True)
