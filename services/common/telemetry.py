@@ -17,6 +17,7 @@ Histogram buckets suit LLM latencies (the GenAI semantic conventions' advice), s
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -281,6 +282,24 @@ def metrics_app(telemetry: Telemetry) -> web.Application:
     app = web.Application()
     app.router.add_get("/metrics", metrics_handler(telemetry))
     return app
+
+
+def add_cli_args(parser: argparse.ArgumentParser) -> None:
+    """``--metrics-host/--metrics-port``: where this service serves ``GET /metrics``."""
+    g = parser.add_argument_group("telemetry (traces and OTLP: standard OTEL_* variables)")
+    g.add_argument("--metrics-host", default="127.0.0.1")
+    g.add_argument(
+        "--metrics-port",
+        type=_port,
+        default=None,
+        help="serve Prometheus metrics on this port (0: any free port; default: off)",
+    )
+
+
+def _port(value: str) -> int:
+    if not value.isdigit() or not 0 <= int(value) <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0..65535, got {value!r}")
+    return int(value)
 
 
 async def serve_metrics(telemetry: Telemetry, host: str, port: int) -> tuple[web.AppRunner, int]:

@@ -22,6 +22,7 @@ from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
 from services.edge.failover import FailoverPolicy
 from services.edge.guard import ConnectionGuard, GuardConfig, IpBuckets, Lifecycle, Occupancy
+from services.edge.observability import TRACE_ID, EdgeTelemetry, telemetry_middleware
 from services.edge.pipeline import Next, Stage, TerminalStage, build_chain
 from services.edge.protocol import guard_middleware
 from services.edge.ratelimit.limiter import RateLimiter
@@ -47,6 +48,7 @@ class EdgeDeps:
     policy: FailoverPolicy
     guard: GuardConfig
     request_limits: RequestLimits
+    telemetry: EdgeTelemetry
     keepalive_after_s: float = 3.0
 
 
@@ -73,6 +75,7 @@ def chat_stages(deps: EdgeDeps) -> tuple[list[Stage], TerminalStage]:
             workers=deps.workers,
             policy=deps.policy,
             counters=deps.counters,
+            telemetry=deps.telemetry,
             keepalive_after_s=deps.keepalive_after_s,
             write_timeout_s=deps.guard.write_timeout_s,
         ),
@@ -81,12 +84,16 @@ def chat_stages(deps: EdgeDeps) -> tuple[list[Stage], TerminalStage]:
 
 def build_chat_pipeline(deps: EdgeDeps) -> Next:
     stages, terminal = chat_stages(deps)
-    return build_chain(stages, terminal)
+    return build_chain(stages, terminal, tracer=deps.telemetry.tracer)
 
 
 async def chat_completions(request: web.Request) -> web.StreamResponse:
     request_id = f"chatcmpl-{uuid.uuid4().hex}"
-    ctx = ChatContext(request=request, request_id=request_id, headers={"x-request-id": request_id})
+    headers = {"x-request-id": request_id}
+    trace_id = request.get(TRACE_ID)
+    if trace_id:
+        headers["x-trace-id"] = trace_id
+    ctx = ChatContext(request=request, request_id=request_id, headers=headers)
     request[RESPONSE_HEADERS] = ctx.headers
     return await request.app[CHAT](ctx)
 
@@ -138,6 +145,7 @@ async def readyz(request: web.Request) -> web.Response:
 def build_app(deps: EdgeDeps) -> web.Application:
     app = web.Application(
         middlewares=[
+            telemetry_middleware(deps.telemetry),
             error_boundary,
             guard_middleware(buckets=deps.ip_buckets, counters=deps.counters),
         ],

@@ -7,8 +7,13 @@ with the tried workers excluded. Errors that no other worker would fix (a bad re
 attempt at once. After the first token the stream belongs to that worker; a failure then is
 reported to the client as a stream error.
 
-Every attempt's outcome is reported to the router (fire and forget), which feeds its failure
-ejection and in-flight accounting.
+Failed and refused attempts are reported to the router (fire and forget), which feeds its
+failure ejection. Successes and cancellations are not: the worker's next load report already
+accounts for them, and one RPC less per request is measurable edge and router CPU.
+
+Each attempt is a CLIENT span ``edge.attempt`` (worker, region, attempt number) whose context
+travels in the Generate call's metadata, so the worker's span is its child; the first token is
+an event on it, and the span ends with the stream.
 """
 
 from __future__ import annotations
@@ -20,9 +25,12 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import grpc
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from meridian.v1 import router_pb2, worker_pb2
 from meridian.v1.router_pb2 import Outcome
+from services.common import metric_names as mn
 from services.common.errors import (
     MeridianError,
     Unavailable,
@@ -32,6 +40,7 @@ from services.common.errors import (
     is_retryable_elsewhere,
 )
 from services.common.logs import event
+from services.common.tracecontext import inject_metadata
 from services.edge.upstream import GenerateCall, RouteResult, RouterLike, WorkerPool
 
 log = logging.getLogger("meridian.edge.failover")
@@ -65,23 +74,29 @@ class UpstreamStream:
         router: RouterLike,
         idle_timeout_s: float,
         started: float,
+        span: trace.Span,
     ) -> None:
         self._call = call
+        self._span = span
         self.first = first
         self.candidate = candidate
         self.decision_id = decision_id
         self.attempts = attempts
         self._router = router
         self._idle_timeout_s = idle_timeout_s
-        self.ttft_ms = (time.monotonic() - started) * 1000
+        self.first_token_at = self.last_token_at = time.monotonic()
+        self.ttft_ms = (self.first_token_at - started) * 1000
         self._reported = False
         self.completion_tokens = 0
+        span.add_event("first_token", {"meridian.ttft_ms": self.ttft_ms})
 
     async def chunks(self) -> AsyncIterator[worker_pb2.GenerateChunk]:
         """The first chunk, then the rest; raises MeridianError if the worker fails midway."""
         chunk = self.first
         while True:
             self.completion_tokens = chunk.usage.completion_tokens
+            if chunk.text:
+                self.last_token_at = time.monotonic()
             yield chunk
             if chunk.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:
                 self._report(router_pb2.OUTCOME_SUCCESS)
@@ -109,15 +124,20 @@ class UpstreamStream:
         if self._reported:
             return
         self._reported = True
-        self._router.report_outcome(
-            router_pb2.OutcomeReport(
-                decision_id=self.decision_id,
-                worker_id=self.candidate.worker_id,
-                outcome=outcome,
-                ttft_ms=self.ttft_ms,
-                completion_tokens=self.completion_tokens,
+        self._span.set_attribute("gen_ai.usage.output_tokens", self.completion_tokens)
+        self._span.set_attribute(mn.OUTCOME, router_pb2.Outcome.Name(outcome))
+        if outcome == router_pb2.OUTCOME_FAILED:
+            self._span.set_status(Status(StatusCode.ERROR, "worker failed mid-stream"))
+            self._router.report_outcome(
+                router_pb2.OutcomeReport(
+                    decision_id=self.decision_id,
+                    worker_id=self.candidate.worker_id,
+                    outcome=outcome,
+                    ttft_ms=self.ttft_ms,
+                    completion_tokens=self.completion_tokens,
+                )
             )
-        )
+        self._span.end()
 
 
 def _stream_error(err: grpc.aio.AioRpcError) -> MeridianError:
@@ -134,8 +154,10 @@ async def open_stream(
     first_route: RouteResult,
     generate: worker_pb2.GenerateRequest,
     policy: FailoverPolicy,
+    tracer: trace.Tracer | None = None,
 ) -> UpstreamStream:
     """Try candidates until one produces a first token; see the module docstring."""
+    tracer = tracer or _NO_TRACER
     started = time.monotonic()
     base_id = generate.request_id
     tried: list[str] = []
@@ -159,6 +181,7 @@ async def open_stream(
                     policy=policy,
                     attempts=len(tried),
                     started=started,
+                    tracer=tracer,
                 )
             except MeridianError as err:
                 if not is_retryable_elsewhere(err):
@@ -200,16 +223,29 @@ async def _attempt(
     policy: FailoverPolicy,
     attempts: int,
     started: float,
+    tracer: trace.Tracer,
 ) -> UpstreamStream:
-    call = workers.generate(cand.address, generate, timeout_s=None)
-    # What to tell the router if this attempt does not become a stream.
-    outcome: Outcome | None = router_pb2.OUTCOME_CANCELLED
+    span = tracer.start_span(
+        "edge.attempt",
+        kind=SpanKind.CLIENT,
+        attributes={
+            mn.WORKER: cand.worker_id,
+            mn.REGION: cand.region,
+            "meridian.attempt": attempts,
+            "server.address": cand.address,
+        },
+    )
+    with trace.use_span(span, end_on_exit=False):
+        call = workers.generate(cand.address, generate, timeout_s=None, metadata=inject_metadata())
+    # What to tell the router if this attempt does not become a stream (None: nothing).
+    outcome: Outcome | None = None
+    failed = True
     try:
         first = await asyncio.wait_for(call.read(), policy.first_token_timeout_s)
         if not isinstance(first, worker_pb2.GenerateChunk):  # grpc.aio.EOF
             outcome = router_pb2.OUTCOME_FAILED
             raise UpstreamFailed("the worker ended the stream before the first token")
-        outcome = None  # the stream reports its own outcome
+        failed = False  # from here on the stream reports its own outcome and ends the span
         return UpstreamStream(
             call=call,
             first=first,
@@ -219,6 +255,7 @@ async def _attempt(
             router=router,
             idle_timeout_s=policy.stream_idle_timeout_s,
             started=started,
+            span=span,
         )
     except TimeoutError:
         outcome = router_pb2.OUTCOME_FAILED
@@ -226,20 +263,25 @@ async def _attempt(
     except grpc.aio.AioRpcError as err:
         mapped = _stream_error(err)
         if not is_retryable_elsewhere(mapped):
-            outcome = router_pb2.OUTCOME_CANCELLED  # the request's fault, not the worker's
+            outcome = None  # the request's fault, not the worker's
         elif err.trailing_metadata() and err.code() in _REFUSALS:
             outcome = router_pb2.OUTCOME_REJECTED  # the worker said no (busy, draining)
         else:
             outcome = router_pb2.OUTCOME_FAILED
+        span.set_attribute("rpc.grpc.status_code", err.code().value[0])
         raise mapped from None
     finally:
-        if outcome is not None:
+        if failed:
             call.cancel()
-            router.report_outcome(
-                router_pb2.OutcomeReport(
-                    decision_id=decision_id, worker_id=cand.worker_id, outcome=outcome
+            span.set_status(Status(StatusCode.ERROR))
+            span.end()
+            if outcome is not None:
+                router.report_outcome(
+                    router_pb2.OutcomeReport(
+                        decision_id=decision_id, worker_id=cand.worker_id, outcome=outcome
+                    )
                 )
-            )
 
 
 _REFUSALS = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+_NO_TRACER = trace.NoOpTracer()

@@ -21,7 +21,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from services.common import logs, runtime
+from services.common import logs, runtime, telemetry
 from services.common.logs import event
 from services.common.net import parse_address
 from services.edge.apikeys import KeyHasher, load_pepper
@@ -128,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--view-refresh-s", type=_positive, default=2.0)
     u.add_argument("--view-max-age-s", type=_positive, default=300.0)
     u.add_argument("--drain-grace-s", type=_positive, default=10.0)
+    telemetry.add_cli_args(p)
     return p
 
 
@@ -199,13 +200,21 @@ def config_from_args(args: argparse.Namespace) -> EdgeConfig:
 async def serve(
     config: EdgeConfig, hasher: KeyHasher, args: argparse.Namespace, stop: asyncio.Event
 ) -> None:
+    tel = telemetry.setup("edge", resource_attributes={"meridian.site": config.site})
     edge = EdgeServer(
         config=config,
         redis=connect_redis(args.redis_url),
         router=RouterClient(args.router),
         hasher=hasher,
+        telemetry=tel,
     )
     await edge.start()
+    metrics_port = None
+    metrics_runner = None
+    if args.metrics_port is not None:
+        metrics_runner, metrics_port = await telemetry.serve_metrics(
+            tel, args.metrics_host, args.metrics_port
+        )
     runtime.write_ready_file(
         args.ready_file,
         {
@@ -213,12 +222,16 @@ async def serve(
             "host": config.host,
             "scheme": edge.scheme,
             "admin_port": edge.admin_port,
+            "metrics_port": metrics_port,
         },
     )
     event(log, "edge.listening", port=edge.port, scheme=edge.scheme, site=config.site)
     await stop.wait()
     event(log, "edge.draining", grace_s=config.drain_grace_s)
     await edge.stop()
+    if metrics_runner is not None:
+        await metrics_runner.cleanup()
+    tel.shutdown()
     event(log, "edge.stopped", counters=edge.counters.snapshot())
 
 
@@ -230,6 +243,7 @@ def main(argv: list[str] | None = None) -> int:
         hasher = KeyHasher(load_pepper(file=args.key_pepper_file))
         if config.tls is not None:
             server_context(config.tls)  # unreadable certificates stop us here, not later
+        telemetry.sampler_from_env(os.environ)  # a bad OTEL_TRACES_SAMPLER stops us here
 
     except ValueError as err:
         parser.error(str(err))

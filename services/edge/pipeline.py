@@ -13,6 +13,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from typing import Protocol
 
 from aiohttp import web
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.trace import Status, StatusCode
 
 from services.edge.context import ChatContext
 
@@ -41,10 +44,15 @@ class TerminalStage(Protocol):
     async def __call__(self, ctx: ChatContext) -> web.StreamResponse: ...
 
 
-def build_chain(stages: Sequence[Stage], terminal: TerminalStage) -> Next:
+def build_chain(
+    stages: Sequence[Stage], terminal: TerminalStage, *, tracer: trace.Tracer | None = None
+) -> Next:
     """Compose ``stages`` (outermost first) around ``terminal``.
 
     Stages must appear in :data:`CHAT_STAGE_ORDER`'s order; optional stages may be left out.
+    With a ``tracer``, each stage gets a span ``edge.<name>`` covering its *own* work: the span
+    ends when the stage hands over to the next one, and the next stage's span is a sibling under
+    the request's span (not nested ever deeper), so a trace reads as the pipeline does.
     """
     names = [s.name for s in stages] + [terminal.name]
     unknown = [n for n in names if n not in CHAT_STAGE_ORDER]
@@ -56,14 +64,62 @@ def build_chain(stages: Sequence[Stage], terminal: TerminalStage) -> Next:
     if terminal.name != CHAT_STAGE_ORDER[-1]:
         raise ValueError(f"the terminal stage must be {CHAT_STAGE_ORDER[-1]!r}")
 
-    handler: Next = terminal.__call__
+    if tracer is None or isinstance(tracer, trace.NoOpTracer):
+        handler: Next = terminal.__call__
+        for stage in reversed(stages):
+            handler = _bind(stage, handler)
+        return handler
+    handler = _traced_terminal(terminal, tracer)
     for stage in reversed(stages):
-        handler = _bind(stage, handler)
+        handler = _bind_traced(stage, handler, tracer)
     return handler
 
 
 def _bind(stage: Stage, call_next: Next) -> Next:
     async def run(ctx: ChatContext) -> web.StreamResponse:
         return await stage(ctx, call_next)
+
+    return run
+
+
+def _bind_traced(stage: Stage, call_next: Next, tracer: trace.Tracer) -> Next:
+    span_name = f"edge.{stage.name}"
+
+    async def run(ctx: ChatContext) -> web.StreamResponse:
+        parent = otel_context.get_current()
+        span = tracer.start_span(span_name, context=parent)
+        handed_over = False
+
+        async def next_stage(ctx2: ChatContext) -> web.StreamResponse:
+            nonlocal handed_over
+            handed_over = True
+            span.end()
+            token = otel_context.attach(parent)
+            try:
+                return await call_next(ctx2)
+            finally:
+                otel_context.detach(token)
+
+        try:
+            with trace.use_span(span, end_on_exit=False, record_exception=False):
+                return await stage(ctx, next_stage)
+        except BaseException as exc:
+            if not handed_over:
+                span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
+                span.set_attribute("error.type", type(exc).__name__)
+            raise
+        finally:
+            if not handed_over:
+                span.end()
+
+    return run
+
+
+def _traced_terminal(terminal: TerminalStage, tracer: trace.Tracer) -> Next:
+    span_name = f"edge.{terminal.name}"
+
+    async def run(ctx: ChatContext) -> web.StreamResponse:
+        with tracer.start_as_current_span(span_name):
+            return await terminal(ctx)
 
     return run

@@ -28,6 +28,7 @@ from services.common.logs import event
 from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
 from services.edge.failover import FailoverPolicy, UpstreamStream, open_stream
+from services.edge.observability import EdgeTelemetry
 from services.edge.openai_types import ChatCompletionRequest, now_s
 from services.edge.render import (
     FINISH_REASONS,
@@ -93,6 +94,7 @@ class Respond:
         workers: WorkerPool,
         policy: FailoverPolicy,
         counters: EdgeCounters,
+        telemetry: EdgeTelemetry | None = None,
         keepalive_after_s: float = 3.0,
         keepalive_every_s: float = 10.0,
         write_timeout_s: float = 30.0,
@@ -101,6 +103,7 @@ class Respond:
         self._workers = workers
         self._policy = policy
         self._counters = counters
+        self._telemetry = telemetry or EdgeTelemetry(counters=counters, active_streams=lambda: 0)
         self._keepalive_after_s = keepalive_after_s
         self._keepalive_every_s = keepalive_every_s
         self._write_timeout_s = write_timeout_s
@@ -115,6 +118,7 @@ class Respond:
                 first_route=ctx.route,
                 generate=generate_request(ctx),
                 policy=self._policy,
+                tracer=self._telemetry.tracer,
             )
         )
         try:
@@ -265,6 +269,16 @@ class Respond:
     def _log_done(
         self, ctx: ChatContext, upstream: UpstreamStream, last: worker_pb2.GenerateChunk
     ) -> None:
+        self._telemetry.record_completion(
+            model=ctx.body.model if ctx.body else "",
+            region=upstream.candidate.region,
+            started=ctx.started,
+            first_token_at=upstream.first_token_at,
+            last_token_at=upstream.last_token_at,
+            prompt_tokens=last.usage.prompt_tokens,
+            completion_tokens=last.usage.completion_tokens,
+            attempts=upstream.attempts,
+        )
         event(
             log,
             "chat.completed",

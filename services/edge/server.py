@@ -24,6 +24,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.telemetry import Telemetry
 from services.edge.admin import AdminDeps, build_admin_app, token_digest
 from services.edge.apikeys import KeyHasher
 from services.edge.app import EdgeDeps, build_app
@@ -33,6 +34,7 @@ from services.edge.counters import EdgeCounters
 from services.edge.directory import Directory
 from services.edge.failover import FailoverPolicy
 from services.edge.guard import GuardConfig, IpBuckets, Lifecycle, Occupancy
+from services.edge.observability import EdgeTelemetry
 from services.edge.protocol import Listener
 from services.edge.ratelimit.limiter import FailureMode, RateLimitConfig, RateLimiter
 from services.edge.ratelimit.redis_backend import RedisBackend
@@ -116,6 +118,7 @@ class EdgeServer:
         hasher: KeyHasher,
         clock: Clock = SYSTEM_CLOCK,
         workers: WorkerPool | None = None,
+        telemetry: Telemetry | None = None,
     ) -> None:
         self.config = config
         self.counters = EdgeCounters()
@@ -147,6 +150,13 @@ class EdgeServer:
             client=router, clock=clock, counters=self.counters, config=config.view
         )
         guard = config.guard
+        streams = Occupancy(max_total=guard.max_streams, max_per_ip=guard.max_streams_per_ip)
+        self.telemetry = EdgeTelemetry(
+            tracer=telemetry.tracer if telemetry else None,
+            meter=telemetry.meter if telemetry else None,
+            counters=self.counters,
+            active_streams=lambda: streams.total,
+        )
         self.deps = EdgeDeps(
             redis=redis,
             auth=self.auth,
@@ -158,13 +168,14 @@ class EdgeServer:
             connections=Occupancy(
                 max_total=guard.max_connections, max_per_ip=guard.max_connections_per_ip
             ),
-            streams=Occupancy(max_total=guard.max_streams, max_per_ip=guard.max_streams_per_ip),
+            streams=streams,
             ip_buckets=IpBuckets(rate=guard.ip_requests_per_s, burst=guard.ip_burst, clock=clock),
             site=config.site,
             policy=config.failover,
             guard=guard,
             request_limits=config.request_limits,
             keepalive_after_s=config.keepalive_after_s,
+            telemetry=self.telemetry,
         )
         self.app = build_app(self.deps)
         self._runner: web.AppRunner | None = None

@@ -19,6 +19,7 @@ from meridian.v1 import router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
 from services.common.errors import MeridianError, Unavailable, from_grpc
 from services.common.grpcutil import insecure_channel
 from services.common.logs import event
+from services.common.tracecontext import inject_metadata
 
 log = logging.getLogger("meridian.edge.upstream")
 
@@ -59,7 +60,9 @@ class RouterClient:
 
     async def route(self, request: router_pb2.RouteRequest) -> RouteResult:
         try:
-            resp = await self._stub.Route(request, timeout=self._timeout_s)
+            resp = await self._stub.Route(
+                request, timeout=self._timeout_s, metadata=inject_metadata() or None
+            )
         except grpc.aio.AioRpcError as err:
             raise _router_error(err) from None
         return RouteResult(
@@ -127,14 +130,21 @@ class WorkerPool:
         self._stubs: dict[str, tuple[grpc.aio.Channel, worker_pb2_grpc.WorkerStub]] = {}
 
     def generate(
-        self, address: str, request: worker_pb2.GenerateRequest, *, timeout_s: float | None
+        self,
+        address: str,
+        request: worker_pb2.GenerateRequest,
+        *,
+        timeout_s: float | None,
+        metadata: tuple[tuple[str, str], ...] = (),
     ) -> GenerateCall:
         entry = self._stubs.get(address)
         if entry is None:
             channel = insecure_channel(address)
             entry = (channel, worker_pb2_grpc.WorkerStub(channel))
             self._stubs[address] = entry
-        call: GenerateCall = entry[1].Generate(request, timeout=timeout_s)
+        call: GenerateCall = entry[1].Generate(
+            request, timeout=timeout_s, metadata=metadata or None
+        )
         return call
 
     async def close(self) -> None:
