@@ -3,7 +3,12 @@
 Route turns a request into a :class:`RouteQuery`, asks the scheduler to rank the registry's
 current snapshots, records the assignment (in-flight accounting) and answers with the ranked
 candidates and their per-signal contributions. An empty decision becomes the gRPC status its
-reason maps to (see proto/meridian/v1/router.proto).
+reason maps to (see proto/meridian/v1/router.proto): SATURATED (every allowed worker refuses
+this priority tier) is RESOURCE_EXHAUSTED with a retry-after, so the lowest tier is shed first
+and the edge answers 429/503 with Retry-After.
+
+Every decision, routed or empty, goes to the :class:`DecisionJournal` (the debug endpoint's
+"last N decisions") and its per-plugin timings to :class:`PluginTimings`.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from services.common.errors import (
 )
 from services.common.grpcutil import abort_with
 from services.common.logs import event
+from services.router.journal import DecisionJournal, JournalEntry, PluginTimings
 from services.router.registry import WorkerRegistry
 from services.router.scheduling.types import (
     Decision,
@@ -46,6 +52,8 @@ MAX_LIST_ITEMS = 64
 
 
 class Scheduler(Protocol):
+    name: str
+
     def schedule(self, query: RouteQuery, workers: Sequence[WorkerSnapshot]) -> Decision: ...
 
 
@@ -121,11 +129,42 @@ class RouterService(router_pb2_grpc.RouterServicer):
         scheduler: Scheduler,
         clock: Clock,
         site: str = "",
+        journal: DecisionJournal | None = None,
+        timings: PluginTimings | None = None,
     ) -> None:
         self._registry = registry
         self._scheduler = scheduler
         self._clock = clock
         self._site = site
+        self.journal = journal if journal is not None else DecisionJournal()
+        self.timings = timings if timings is not None else PluginTimings()
+
+    @property
+    def registry(self) -> WorkerRegistry:
+        return self._registry
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    @property
+    def site(self) -> str:
+        return self._site
+
+    @property
+    def profile(self) -> str:
+        return self._scheduler.name
+
+    def dry_run(self, query: RouteQuery) -> tuple[Decision, float]:
+        """Decide without assigning (the debug endpoint): the decision and its cost in µs.
+
+        Nothing is counted in flight. Stateful plugins still see the decision (a round-robin
+        picker advances; affinity plugins learn only from queries with a session or prefix,
+        which the debug endpoint does not send)."""
+        started = time.perf_counter_ns()
+        snapshots = self._registry.snapshots(self._clock.monotonic())
+        decision = self._scheduler.schedule(query, snapshots)
+        return decision, (time.perf_counter_ns() - started) / 1000
 
     async def Route(
         self,
@@ -140,20 +179,26 @@ class RouterService(router_pb2_grpc.RouterServicer):
             raise AssertionError("unreachable") from None
         now = self._clock.monotonic()
         decision = self._scheduler.schedule(query, self._registry.snapshots(now))
-        elapsed_us = (time.perf_counter_ns() - started) / 1000
+        self.timings.record(decision.plugin_timings_us)
         if not decision.ranked:
+            elapsed_us = (time.perf_counter_ns() - started) / 1000
+            self.journal.record(JournalEntry(time.time(), "", query, decision, elapsed_us))
             event(
                 log,
                 "route.empty",
                 request_id=query.request_id,
                 model=query.model,
+                priority=query.priority.name.lower(),
                 reason=(decision.empty_reason or NoCandidate.UNAVAILABLE).value,
+                retry_after_s=decision.retry_after_s,
                 detail=decision.explanation,
             )
             await abort_with(context, error_for(decision, query))
         decision_id = uuid.uuid4().hex
         winner = decision.ranked[0]
         self._registry.assign(winner.worker.worker_id, decision_id, now)
+        elapsed_us = (time.perf_counter_ns() - started) / 1000
+        self.journal.record(JournalEntry(time.time(), decision_id, query, decision, elapsed_us))
         event(
             log,
             "route.decided",

@@ -21,10 +21,13 @@ from services.edge.apikeys import ApiKeyStore
 from services.edge.app import EdgeDeps, build_app
 from services.edge.failover import FailoverPolicy
 from services.edge.upstream import RouterClient, WorkerPool
-from services.router.discovery import StaticDiscovery
+from services.router.debug import DebugConfig, DebugEndpoint
+from services.router.discovery import Discovery, DiscoveryConfig
+from services.router.dns import DnsTarget, Resolver
 from services.router.registry import RegistryConfig, WorkerRegistry
 from services.router.scheduling.profile import load_profile
 from services.router.service import RouterService, Scheduler
+from services.router.watcher import WatchConfig
 from services.worker.engine import Engine
 from services.worker.service import WorkerService
 
@@ -68,10 +71,19 @@ async def start_worker(
 class RunningRouter:
     server: grpc.aio.Server
     registry: WorkerRegistry
-    discovery: StaticDiscovery
+    discovery: Discovery
     address: str
+    service: RouterService
+    debug: DebugEndpoint | None = None
+
+    @property
+    def debug_url(self) -> str:
+        assert self.debug is not None, "started without debug="
+        return f"http://127.0.0.1:{self.debug.port}"
 
     async def stop(self) -> None:
+        if self.debug is not None:
+            await self.debug.stop()
         await self.server.stop(0)
         await self.discovery.stop()
 
@@ -95,13 +107,32 @@ async def start_router(
     stale_after_s: float = 0.5,
     report_interval_ms: int = 50,
     site: str = "test",
+    dns: Sequence[DnsTarget] = (),
+    dns_interval_s: float = 5.0,
+    resolver: Resolver | None = None,
+    announce_dir: Path | None = None,
+    announce_interval_s: float = 1.0,
+    probe_interval_s: float = 0.25,
+    debug: DebugConfig | None = None,
 ) -> RunningRouter:
+    """A router in this event loop. Workers come from ``worker_addresses`` (static), ``dns``
+    names (re-resolved every ``dns_interval_s``, through ``resolver`` if given) and
+    ``announce_dir``; ``debug`` also starts the debug endpoint."""
     registry = WorkerRegistry(RegistryConfig(stale_after_s=stale_after_s))
-    discovery = StaticDiscovery(
+    discovery = Discovery(
         registry=registry,
         clock=SYSTEM_CLOCK,
-        addresses=list(worker_addresses),
-        report_interval_ms=report_interval_ms,
+        config=DiscoveryConfig(
+            static=tuple(worker_addresses),
+            dns=tuple(dns),
+            dns_interval_s=dns_interval_s,
+            announce_dir=announce_dir,
+            announce_interval_s=announce_interval_s,
+            watch=WatchConfig(
+                report_interval_ms=report_interval_ms, probe_interval_s=probe_interval_s
+            ),
+        ),
+        resolver=resolver,
     )
     service = RouterService(
         registry=registry,
@@ -114,7 +145,11 @@ async def start_router(
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     discovery.start()
-    return RunningRouter(server, registry, discovery, f"127.0.0.1:{port}")
+    endpoint = None
+    if debug is not None:
+        endpoint = DebugEndpoint(config=debug, service=service, membership=discovery.membership)
+        await endpoint.start()
+    return RunningRouter(server, registry, discovery, f"127.0.0.1:{port}", service, endpoint)
 
 
 @dataclass
