@@ -100,7 +100,9 @@ class DebugConfig:
             )
 
 
-class _BadParam(Exception):
+class BadParam(ValueError):
+    """A ``/debug/route`` or ``/debug/decisions`` query parameter that cannot be used."""
+
     def __init__(self, param: str, message: str) -> None:
         super().__init__(message)
         self.param = param
@@ -116,7 +118,7 @@ def _integer(query: Any, name: str, default: int, *, lo: int, hi: int) -> int:
     if raw is None or raw == "":
         return default
     if not raw.isdigit() or not lo <= int(raw) <= hi:
-        raise _BadParam(name, f"{name} must be an integer in {lo}..{hi}, got {raw!r}")
+        raise BadParam(name, f"{name} must be an integer in {lo}..{hi}, got {raw!r}")
     return int(raw)
 
 
@@ -128,7 +130,7 @@ def _flag(query: Any, name: str, default: bool) -> bool:
         return True
     if raw.lower() in ("0", "false", "no"):
         return False
-    raise _BadParam(name, f"{name} must be 1/0 or true/false, got {raw!r}")
+    raise BadParam(name, f"{name} must be 1/0 or true/false, got {raw!r}")
 
 
 def _names(query: Any, name: str) -> list[str]:
@@ -141,12 +143,10 @@ def route_request_from_query(query: Any) -> tuple[router_pb2.RouteRequest, bool]
     unknown = sorted(set(query) - _ROUTE_PARAMS)
     if unknown:
         known = ", ".join(sorted(_ROUTE_PARAMS))
-        raise _BadParam(unknown[0], f"unknown parameter {unknown[0]!r} (known: {known})")
+        raise BadParam(unknown[0], f"unknown parameter {unknown[0]!r} (known: {known})")
     priority_name = query.get("priority", "standard").lower()
     if priority_name not in _PRIORITIES:
-        raise _BadParam(
-            "priority", f"priority must be low, standard or high, got {priority_name!r}"
-        )
+        raise BadParam("priority", f"priority must be low, standard or high, got {priority_name!r}")
     req = router_pb2.RouteRequest(
         request_id=f"debug-{time.monotonic_ns()}",
         model=query.get("model", ""),
@@ -246,7 +246,7 @@ class DebugEndpoint:
         try:
             pb, explain = route_request_from_query(request.query)
             query = query_from_pb(pb)
-        except _BadParam as err:
+        except BadParam as err:
             return _error(400, err.message, err.param)
         except InvalidRequest as err:
             return _error(400, err.message, err.param)
@@ -261,7 +261,7 @@ class DebugEndpoint:
     async def _decisions(self, request: web.Request) -> web.Response:
         try:
             n = _integer(request.query, "n", 50, lo=1, hi=MAX_RECENT)
-        except _BadParam as err:
+        except BadParam as err:
             return _error(400, err.message, err.param)
         entries = self._service.journal.recent(n)
         return web.json_response(

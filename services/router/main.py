@@ -207,7 +207,6 @@ async def serve(
 def main(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logs.configure("router", args.log_level)
     problem = check_sources(args)
     if problem is not None:
         parser.error(problem)
@@ -219,6 +218,7 @@ def main(argv: list[str] | None = None, environ: dict[str, str] | None = None) -
         scheduler = load_profile(args.profile)  # fail fast, before listening
     except ProfileError as err:
         parser.error(f"--profile {args.profile}: {err}")
+    logs.configure("router", args.log_level)
     runtime.run(lambda stop: serve(args, scheduler, debug, stop))
     return 0
 

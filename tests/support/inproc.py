@@ -50,8 +50,15 @@ class RunningWorker:
 
 
 async def start_worker(
-    engine: Engine, *, worker_id: str, region: str, report_interval_s: float = 0.05
+    engine: Engine,
+    *,
+    worker_id: str,
+    region: str,
+    report_interval_s: float = 0.05,
+    host: str = "127.0.0.1",
+    port: int = 0,
 ) -> RunningWorker:
+    """A worker listening on ``host:port`` (any loopback address; port 0 picks a free one)."""
     service = WorkerService(
         engine=engine, worker_id=worker_id, region=region, report_interval_s=report_interval_s
     )
@@ -59,12 +66,12 @@ async def start_worker(
     worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
     health = Health(["meridian.v1.Worker"])
     health.add_to(server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.add_insecure_port(f"{host}:{port}")
     await server.start()
     await engine.start()
     service.notify_state_change()
     await health.set_serving(True)
-    return RunningWorker(engine, service, server, f"127.0.0.1:{port}", worker_id, region)
+    return RunningWorker(engine, service, server, f"{host}:{port}", worker_id, region)
 
 
 @dataclass
