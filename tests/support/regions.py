@@ -100,9 +100,28 @@ async def start_regions(
             w = await start_worker(SimEngine(config), worker_id=name, region=spec.name)
             workers[name] = w
             proxies[name] = await delay_proxy(w, spec.one_way_ms)
+    router_kwargs.setdefault("probe_interval_s", 0.05)
     router = await start_router([f"{p.host}:{p.port}" for p in proxies.values()], **router_kwargs)
     await router.wait_healthy(len(workers))
-    return Regions(workers, proxies, router)
+    regions = Regions(workers, proxies, router)
+    expected = {f"{s.name}-{i}": s.one_way_ms for s in specs for i in range(1, s.workers + 1)}
+    await settled(regions, expected)
+    return regions
+
+
+async def settled(regions: Regions, one_way_ms: dict[str, float], slack_ms: float = 10.0) -> None:
+    """Until the router's smoothed RTT of each worker is within ``slack_ms`` of the emulated
+    one: the first probes of a connection, taken while the test is still starting things,
+    can be outliers that the EWMA takes a few probes to forget."""
+
+    def close_enough() -> bool:
+        view = regions.view()
+        return all(
+            (rtt := view[w].rtt_ms) is not None and rtt <= 2 * d + slack_ms
+            for w, d in one_way_ms.items()
+        )
+
+    await eventually(close_enough, timeout_s=10.0)
 
 
 # --- what the edge does -------------------------------------------------------------------

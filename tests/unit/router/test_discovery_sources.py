@@ -31,22 +31,7 @@ from services.router.dns import (
 )
 from services.router.membership import Membership
 from services.router.registry import WorkerRegistry
-
-
-class TableResolver:
-    """A resolver answering from a table the test edits: a name maps to addresses, or to the
-    exception resolving it raises (the seam DnsDiscovery is built on, not a mock of it)."""
-
-    def __init__(self) -> None:
-        self.table: dict[str, list[str] | ResolveError] = {}
-        self.calls = 0
-
-    async def resolve(self, host: str, port: int) -> list[str]:
-        self.calls += 1
-        answer = self.table.get(host, NameNotFound(f"{host}: unknown"))
-        if isinstance(answer, ResolveError):
-            raise answer
-        return sorted(f"{ip}:{port}" for ip in answer)
+from tests.support.resolver import TableResolver
 
 
 @pytest.fixture
