@@ -7,6 +7,11 @@ reason maps to (see proto/meridian/v1/router.proto): SATURATED (every allowed wo
 this priority tier) is RESOURCE_EXHAUSTED with a retry-after, so the lowest tier is shed first
 and the edge answers 429/503 with Retry-After.
 
+Per-signal contributions of every candidate and the filters' verdicts are sent when the
+request asks for them (``explain``, as the proto says); the one-line explanation always is.
+Building them costs more than the rest of the response, and the edge's hot path does not
+read them.
+
 Every decision, routed or empty, goes to the :class:`DecisionJournal` (the debug endpoint's
 "last N decisions") and its per-plugin timings to :class:`PluginTimings`.
 """
@@ -15,7 +20,8 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
+import itertools
+import secrets
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -138,6 +144,10 @@ class RouterService(router_pb2_grpc.RouterServicer):
         self._site = site
         self.journal = journal if journal is not None else DecisionJournal()
         self.timings = timings if timings is not None else PluginTimings()
+        # Decision ids: a random prefix per replica process and a counter, unique across
+        # replicas without a uuid per call.
+        self._id_prefix = secrets.token_hex(6) + "-"
+        self._ids = itertools.count(1)
 
     @property
     def registry(self) -> WorkerRegistry:
@@ -194,7 +204,7 @@ class RouterService(router_pb2_grpc.RouterServicer):
                 detail=decision.explanation,
             )
             await abort_with(context, error_for(decision, query))
-        decision_id = uuid.uuid4().hex
+        decision_id = f"{self._id_prefix}{next(self._ids):x}"
         winner = decision.ranked[0]
         self._registry.assign(winner.worker.worker_id, decision_id, now)
         elapsed_us = (time.perf_counter_ns() - started) / 1000
@@ -287,6 +297,8 @@ class RouterService(router_pb2_grpc.RouterServicer):
                 address=scored.worker.address,
                 score=scored.score,
             )
+            if not explain:
+                continue
             for c in scored.contributions:
                 cand.contributions.add(
                     signal=c.signal,
