@@ -18,10 +18,10 @@ Every decision, routed or empty, goes to the :class:`DecisionJournal` (the debug
 
 from __future__ import annotations
 
-import logging
-import time
 import itertools
+import logging
 import secrets
+import time
 from collections.abc import Sequence
 from typing import Any, Protocol
 
