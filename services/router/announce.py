@@ -85,6 +85,7 @@ class Scan:
     addresses: dict[str, str] = field(default_factory=dict)
     problems: dict[str, tuple[float, str]] = field(default_factory=dict)
     missing: bool = False
+    error: str | None = None  # the directory could not be listed (the scan tells nothing)
 
 
 def scan_directory(directory: Path) -> Scan:
@@ -94,6 +95,9 @@ def scan_directory(directory: Path) -> Scan:
         entries = list(os.scandir(directory))
     except FileNotFoundError:
         out.missing = True
+        return out
+    except OSError as err:
+        out.error = f"cannot list {directory}: {err.strerror or err}"
         return out
     for entry in entries:
         if not entry.name.endswith(SUFFIX) or entry.name.startswith("."):
@@ -137,6 +141,7 @@ class AnnounceDirDiscovery:
         self._interval_s = interval_s
         self._reported: dict[str, tuple[float, str]] = {}
         self._missing_reported = False
+        self._error: str | None = None
         self._task: asyncio.Task[None] | None = None
 
     @property
@@ -155,6 +160,15 @@ class AnnounceDirDiscovery:
     async def refresh(self) -> None:
         """Scan once and update membership."""
         scan = await asyncio.to_thread(scan_directory, self._directory)
+        if scan.error is not None:
+            # Like a DNS hiccup: keep the last membership rather than drop every worker.
+            if self._error != scan.error:
+                event(
+                    log, "discovery.announce_dir_failed", level=logging.WARNING, reason=scan.error
+                )
+            self._error = scan.error
+            return
+        self._error = None
         if scan.missing and not self._missing_reported:
             event(
                 log,

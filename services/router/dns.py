@@ -55,6 +55,8 @@ class DnsTarget:
     def parse(cls, value: str) -> DnsTarget:
         """``NAME:PORT`` (an IP literal works too and resolves to itself)."""
         host, _, port = parse_address(value).rpartition(":")
+        if any(len(label) > 63 for label in host.split(".")):
+            raise ValueError(f"{value!r}: a DNS label is longer than 63 characters")
         return cls(host.strip("[]"), int(port))
 
     def __str__(self) -> str:
@@ -100,6 +102,8 @@ class SystemResolver:
             if err.errno in _NO_ADDRESS:
                 raise NameNotFound(f"{host}: {err.strerror}") from None
             raise ResolveError(f"{host}: {err.strerror}") from None
+        except (OSError, UnicodeError) as err:  # e.g. a name IDNA cannot encode
+            raise ResolveError(f"{host}: {err}") from None
         out = {format_address(str(sockaddr[0]), port) for *_, sockaddr in infos}
         if not out:
             raise NameNotFound(f"{host}: no address")

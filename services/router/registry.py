@@ -116,6 +116,7 @@ class WorkerRegistry:
         self._config = config or RegistryConfig()
         self._by_address: dict[str, _Record] = {}
         self._owner: dict[str, str] = {}  # worker_id → the address it is listed under
+        self._group: dict[str, dict[str, None]] = {}  # worker_id → its addresses, in order
         self._listed: list[_Record] = []
         self._snaps: list[WorkerSnapshot] = []
         self._layout_changed = True
@@ -137,9 +138,11 @@ class WorkerRegistry:
         if rec is None:
             return
         rec.index = -1
-        if rec.worker_id and self._owner.get(rec.worker_id) == address:
-            del self._owner[rec.worker_id]
-            self._elect(rec.worker_id)
+        if rec.worker_id:
+            self._leave_group(rec)
+            if self._owner.get(rec.worker_id) == address:
+                del self._owner[rec.worker_id]
+                self._elect(rec.worker_id)
         self._layout_changed = True
 
     def addresses(self) -> list[str]:
@@ -271,20 +274,35 @@ class WorkerRegistry:
 
     def _identify(self, rec: _Record, worker_id: str, region: str) -> None:
         """The worker at ``rec`` says who it is: (re)assign ownership of its id."""
-        if rec.worker_id and rec.worker_id != worker_id:
+        if rec.worker_id == worker_id:
+            if rec.region != region:
+                rec.region = region
+                self._layout_changed = True
+            return
+        if rec.worker_id:
             old = rec.worker_id
+            self._leave_group(rec)
             rec.worker_id = ""
             if self._owner.get(old) == rec.address:
                 del self._owner[old]
                 self._elect(old)
         rec.worker_id, rec.region = worker_id, region
+        self._group.setdefault(worker_id, {})[rec.address] = None
         self._elect(worker_id)
         self._layout_changed = True
+
+    def _leave_group(self, rec: _Record) -> None:
+        group = self._group.get(rec.worker_id)
+        if group is not None:
+            group.pop(rec.address, None)
+            if not group:
+                del self._group[rec.worker_id]
 
     def _elect(self, worker_id: str) -> None:
         """Choose the address a worker id is listed under: the current one while it is
         connected, else the first connected alias, else the current (or first) one."""
-        group = [r for r in self._by_address.values() if r.worker_id == worker_id]
+        by_address = self._by_address
+        group = [by_address[a] for a in self._group.get(worker_id, ()) if a in by_address]
         if not group:
             self._owner.pop(worker_id, None)
             return

@@ -244,3 +244,32 @@ async def test_files_appearing_and_disappearing_change_membership(
     await announce.refresh()
     assert m.addresses() == {"127.0.0.1:7002"}
     assert m.sources() == {"announce": frozenset({"127.0.0.1:7002"})}
+
+
+def test_an_unreadable_directory_is_an_error_not_an_empty_list(tmp_path: Path) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    scan = scan_directory(not_a_dir)
+    assert scan.error is not None
+    assert "cannot list" in scan.error
+
+
+async def test_an_unreadable_directory_keeps_the_last_membership(
+    tmp_path: Path, membership: tuple[Membership, WorkerRegistry]
+) -> None:
+    m, _ = membership
+    directory = tmp_path / "workers"
+    directory.mkdir()
+    runtime.write_ready_file(directory / "kr-1.json", {"host": "127.0.0.1", "port": 7001})
+    announce = AnnounceDirDiscovery(directory=directory, membership=m)
+    await announce.refresh()
+    (directory / "kr-1.json").unlink()
+    directory.rmdir()
+    directory.write_text("now a file")  # listing it fails
+    await announce.refresh()
+    assert m.addresses() == {"127.0.0.1:7001"}
+
+
+def test_an_overlong_dns_label_is_refused() -> None:
+    with pytest.raises(ValueError, match="63"):
+        DnsTarget.parse("a" * 64 + ".example:80")
