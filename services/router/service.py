@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import math
 import secrets
 import time
 from collections.abc import Sequence
@@ -127,6 +128,23 @@ def error_for(decision: Decision, query: RouteQuery) -> MeridianError:
     )
 
 
+class LogThrottle:
+    """At most one log line per key per ``interval_s``; says how many were left out."""
+
+    def __init__(self, *, interval_s: float) -> None:
+        self._interval_s = interval_s
+        self._state: dict[tuple[str, ...], tuple[float, int]] = {}
+
+    def allow(self, key: tuple[str, ...], now: float) -> int | None:
+        """``None`` to stay quiet; else the number of lines left out since the last one."""
+        last, skipped = self._state.get(key, (-math.inf, 0))
+        if now - last < self._interval_s:
+            self._state[key] = (last, skipped + 1)
+            return None
+        self._state[key] = (now, 0)
+        return skipped
+
+
 class RouterService(router_pb2_grpc.RouterServicer):
     def __init__(
         self,
@@ -148,6 +166,9 @@ class RouterService(router_pb2_grpc.RouterServicer):
         # replicas without a uuid per call.
         self._id_prefix = secrets.token_hex(6) + "-"
         self._ids = itertools.count(1)
+        # Under overload every decision of a tier can be empty: one log line per second per
+        # (reason, tier), with the count of the ones left out (the journal counts them all).
+        self._empty_log = LogThrottle(interval_s=1.0)
 
     @property
     def registry(self) -> WorkerRegistry:
@@ -193,16 +214,21 @@ class RouterService(router_pb2_grpc.RouterServicer):
         if not decision.ranked:
             elapsed_us = (time.perf_counter_ns() - started) / 1000
             self.journal.record(JournalEntry(time.time(), "", query, decision, elapsed_us))
-            event(
-                log,
-                "route.empty",
-                request_id=query.request_id,
-                model=query.model,
-                priority=query.priority.name.lower(),
-                reason=(decision.empty_reason or NoCandidate.UNAVAILABLE).value,
-                retry_after_s=decision.retry_after_s,
-                detail=decision.explanation,
-            )
+            reason = (decision.empty_reason or NoCandidate.UNAVAILABLE).value
+            priority = query.priority.name.lower()
+            suppressed = self._empty_log.allow((reason, priority), now)
+            if suppressed is not None:
+                event(
+                    log,
+                    "route.empty",
+                    request_id=query.request_id,
+                    model=query.model,
+                    priority=priority,
+                    reason=reason,
+                    retry_after_s=decision.retry_after_s,
+                    detail=decision.explanation,
+                    suppressed_since_last=suppressed,
+                )
             await abort_with(context, error_for(decision, query))
         decision_id = f"{self._id_prefix}{next(self._ids):x}"
         winner = decision.ranked[0]

@@ -67,3 +67,15 @@ def test_bounds_must_be_positive(bad: int) -> None:
         DecisionJournal(capacity=bad)
     with pytest.raises(ValueError, match="window"):
         PluginTimings(window=bad)
+
+
+def test_the_empty_decision_log_says_once_a_second_how_many_it_left_out() -> None:
+    from services.router.service import LogThrottle
+
+    throttle = LogThrottle(interval_s=1.0)
+    key = ("saturated", "low")
+    assert throttle.allow(key, 10.0) == 0
+    assert throttle.allow(key, 10.2) is None
+    assert throttle.allow(key, 10.9) is None
+    assert throttle.allow(("saturated", "high"), 10.9) == 0  # another key is independent
+    assert throttle.allow(key, 11.0) == 2
