@@ -14,8 +14,13 @@ than ``stale_after_s``; a killed worker's stream breaks at once, a partitioned o
 either way it is down within a second with the defaults.
 
 In-flight accounting: a load report covers the requests the worker had received when it sent
-it. Assignments this router made after that (taking one-way network delay into account) are
-counted as ``in_flight`` on top, so a burst between two reports does not herd onto one worker.
+it. Assignments this router made after that are counted as ``in_flight`` on top, so a burst
+between two reports does not herd onto one worker. A request routed at ``t`` reaches the
+worker at about ``t + grace + one-way`` (the edge, next to this router, dials the worker after
+its own processing, ``in_flight_grace_s``), and a report sent after that arrives one more
+one-way later; so a report received at ``now`` covers the assignments made before
+``now - rtt - grace``. Counting a request twice for that short window is the safe side:
+forgetting it early lets a burst overfill a worker that looked free.
 
 Cost. ``snapshots`` is on every decision's path, so it does not walk the workers: it keeps the
 list of the last call and rebuilds only the rows that changed since (a report, a probe, an
@@ -65,10 +70,12 @@ class RegistryConfig:
     outcome ever covered stops counting as in flight after this long (a lost outcome must not
     leak load). ``failure_window_s``: how long a failed request counts against its worker.
     ``snapshot_max_age_s``: the longest a row is reused without a rebuild (bounds the error of
-    ``report_age_s``; rows are rebuilt on every change anyway).
+    ``report_age_s``; rows are rebuilt on every change anyway). ``in_flight_grace_s``: time
+    between a decision and the edge's Generate call leaving (see in-flight accounting above).
     """
 
     stale_after_s: float = 0.6
+    in_flight_grace_s: float = 0.02
     rtt_ewma_alpha: float = 0.3
     loss_window: int = 20
     assignment_ttl_s: float = 30.0
@@ -86,6 +93,8 @@ class RegistryConfig:
             raise ValueError("assignment_ttl_s and failure_window_s must be > 0")
         if not self.snapshot_max_age_s >= 0:
             raise ValueError("snapshot_max_age_s must be >= 0")
+        if not self.in_flight_grace_s >= 0:
+            raise ValueError("in_flight_grace_s must be >= 0")
 
 
 @dataclass(slots=True, eq=False)
@@ -180,9 +189,9 @@ class WorkerRegistry:
             self._identify(rec, report.worker_id, report.region)
         elif not was_connected and rec.shadowed:
             self._elect(rec.worker_id)
-        # Requests assigned before the report left the worker are in its counts now.
+        # Requests that reached the worker before the report left it are in its counts now.
         if rec.assignments:
-            covered_before = now - (rec.rtt_ms or 0.0) / 2000.0
+            covered_before = now - (rec.rtt_ms or 0.0) / 1000.0 - self._config.in_flight_grace_s
             rec.assignments = {d: t for d, t in rec.assignments.items() if t > covered_before}
         self._touch(rec)
 

@@ -187,6 +187,9 @@ async def test_under_overload_the_high_tier_keeps_its_ttft_while_the_low_tier_is
         [RegionSpec("kr", 1.0, workers=2)],
         config=sim(max_num_seqs=10, decode_base_ms=20.0),
         scheduler=tiered_profile(),
+        # This test is about admission: a CPU-starved box (24 clients in one event loop) must
+        # not turn a late load report into "unhealthy".
+        stale_after_s=2.0,
     )
     caller = await caller_for(regions)
     high = router_pb2.PRIORITY_HIGH
@@ -208,7 +211,7 @@ async def test_under_overload_the_high_tier_keeps_its_ttft_while_the_low_tier_is
 
     async def low_client(i: int) -> None:
         while not stop.is_set():
-            r = await caller.ask(chat("batch", f"low {i}"), priority=low, max_tokens=12)
+            r = await caller.ask(chat("batch", f"low {i}"), priority=low, max_tokens=24)
             if isinstance(r, Refused):
                 shed.append(r)
                 await asyncio.sleep(0.05)  # a client honouring retry-after, sped up
@@ -223,7 +226,8 @@ async def test_under_overload_the_high_tier_keeps_its_ttft_while_the_low_tier_is
         stop.set()
         await asyncio.gather(*flood)
 
-    assert {r.code for r in shed} == {grpc.StatusCode.RESOURCE_EXHAUSTED}
+    others = [r for r in shed if r.code is not grpc.StatusCode.RESOURCE_EXHAUSTED]
+    assert not others, others[:3]
     assert all(r.retry_after_ms for r in shed)
     step_ms = 20.0 + 0.15 * 10
     calm_q = statistics.median(r.queue_ms for r in calm)
@@ -234,7 +238,9 @@ async def test_under_overload_the_high_tier_keeps_its_ttft_while_the_low_tier_is
         f"loaded={statistics.median(r.ttft_s for r in loaded) * 1000:.1f}; "
         f"LOW served={len(served_low)} shed={len(shed)}"
     )
-    assert loaded_q <= 2 * step_ms, summary
+    # Scheduled within a few steps, as when calm; a HIGH request that had to wait for a LOW one
+    # to finish (24 tokens) would wait 12 steps on average.
+    assert loaded_q <= 4 * step_ms, summary
     journal = regions.router.service.journal
     assert journal.empty_by_reason[("saturated", "low")] >= len(shed)
     assert journal.empty_by_reason[("saturated", "high")] == 0
@@ -244,7 +250,7 @@ async def test_repeated_long_prompts_land_on_the_same_worker_while_it_is_not_ove
     redis_url: str,
 ) -> None:
     regions = await start_regions(
-        [RegionSpec("kr", 1.0, workers=3)], config=sim(max_num_seqs=4, **SLOW_STEPS)
+        [RegionSpec("kr", 1.0, workers=3)], config=sim(max_num_seqs=16, **SLOW_STEPS)
     )
     edge = await start_edge(redis_url=redis_url, router_address=regions.router.address)
     client = openai.AsyncOpenAI(
@@ -272,9 +278,9 @@ async def test_repeated_long_prompts_land_on_the_same_worker_while_it_is_not_ove
         assert {w for w, _ in repeats} == {first}
         assert all(cached > 0 for _, cached in repeats), repeats  # the prefix cache was hit
 
-        full = await Hold.start(regions.workers[first].address, 4, tag="busy")
+        full = await Hold.start(regions.workers[first].address, 16, tag="busy")
         try:
-            await until_running(regions, first, 4)
+            await until_running(regions, first, 16)
             elsewhere, _ = await ask("question while busy")
             assert elsewhere != first
         finally:

@@ -136,3 +136,21 @@ def test_packet_loss_is_counted_over_a_sliding_window() -> None:
     assert reg.snapshots(1.0)[0].loss == 0.0
     reg.on_probe("10.0.0.0:7000", None)
     assert reg.snapshots(1.0)[0].loss == pytest.approx(1 / 3)
+
+
+@pytest.mark.parametrize(
+    ("report_at", "in_flight"),
+    [
+        (1.030, 1),  # sent before the request could have reached the worker
+        (1.059, 1),  # 1.000 + rtt 0.040 + grace 0.020 = 1.060: not yet
+        (1.061, 0),  # this report was sent after the request arrived
+    ],
+)
+def test_a_report_covers_an_assignment_one_rtt_and_the_grace_after_it(
+    report_at: float, in_flight: int
+) -> None:
+    reg = registry(1, in_flight_grace_s=0.02)
+    reg.on_probe("10.0.0.0:7000", 40.0)
+    reg.assign("w0", "d1", now=1.0)
+    reg.on_report("10.0.0.0:7000", report("w0"), now=report_at)
+    assert reg.snapshots(report_at)[0].in_flight == in_flight
