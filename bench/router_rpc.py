@@ -6,9 +6,10 @@ The router is the real thing — a ``grpc.aio`` server with :class:`RouterServic
 scheduling profile and a :class:`WorkerRegistry` — in its own process (as in production: the
 edge and the router are different processes), fed with real ``LoadReport`` messages for N
 synthetic workers instead of N sockets: a background task delivers a fresh report for every
-worker once a second (1,000 reports/s at 1,000 workers) and RTT probes at the same pace, so
-decisions see the churn a live router sees. The client (this process) calls Route one at a
-time, as an edge would for sequential requests, and measures the round trip.
+worker once per ``--report-period-ms`` (1 s by default: 1,000 reports/s at 1,000 workers) and
+RTT probes at the same pace, so decisions see the churn a live router sees. The client (this
+process) calls Route one at a time, as an edge would for sequential requests, and measures the
+round trip.
 
 Prints p50/p99 of the round trip, of the router-side decision (``decision_us`` in the
 response: validation, registry snapshot, scheduling, in-flight accounting, journal), and the
@@ -36,14 +37,13 @@ import uvloop
 from meridian.v1 import router_pb2, router_pb2_grpc, worker_pb2
 from services.common.clock import SYSTEM_CLOCK
 from services.common.grpcutil import insecure_channel, new_server
-from services.router.registry import WorkerRegistry
+from services.router.registry import RegistryConfig, WorkerRegistry
 from services.router.scheduling.profile import load_profile
 from services.router.service import RouterService
 
 PROFILE = Path(__file__).resolve().parents[1] / "deploy/router/profiles/default.yaml"
 REGIONS = ("seoul", "tokyo", "singapore", "mumbai", "frankfurt", "london", "virginia", "oregon")
 MODEL = "meridian-8b"
-REPORT_PERIOD_S = 1.0
 TICK_S = 0.01
 
 
@@ -88,9 +88,11 @@ def populate(registry: WorkerRegistry, n: int, rng: random.Random) -> list[float
     return rtts
 
 
-async def feed(registry: WorkerRegistry, n: int, rtts: list[float], rng: random.Random) -> None:
-    """Reports and probes for every worker once per REPORT_PERIOD_S, spread over ticks."""
-    per_tick = max(1, round(n * TICK_S / REPORT_PERIOD_S))
+async def feed(
+    registry: WorkerRegistry, n: int, rtts: list[float], rng: random.Random, period_s: float
+) -> None:
+    """Reports and probes for every worker once per ``period_s``, spread over ticks."""
+    per_tick = max(1, round(n * TICK_S / period_s))
     sequence = 1
     i = 0
     while True:
@@ -103,10 +105,11 @@ async def feed(registry: WorkerRegistry, n: int, rtts: list[float], rng: random.
             i = (i + 1) % n
 
 
-def serve_process(n: int, seed: int, ports: Queue[int]) -> None:
+def serve_process(n: int, seed: int, period_s: float, ports: Queue[int]) -> None:
     async def serve() -> None:
         rng = random.Random(seed)
-        registry = WorkerRegistry()
+        # A worker is stale after three missed reports, as with the router's defaults.
+        registry = WorkerRegistry(RegistryConfig(stale_after_s=3 * period_s))
         rtts = populate(registry, n, rng)
         service = RouterService(
             registry=registry, scheduler=load_profile(PROFILE), clock=SYSTEM_CLOCK, site="bench"
@@ -115,7 +118,7 @@ def serve_process(n: int, seed: int, ports: Queue[int]) -> None:
         router_pb2_grpc.add_RouterServicer_to_server(service, server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
-        feeder = asyncio.create_task(feed(registry, n, rtts, rng))
+        feeder = asyncio.create_task(feed(registry, n, rtts, rng, period_s))
         ports.put(port)
         try:
             await server.wait_for_termination()
@@ -172,10 +175,10 @@ async def measure(port: int, calls: int, warmup: int, seed: int) -> Figures:
     return out
 
 
-def run_one(n: int, calls: int, warmup: int, seed: int) -> Figures:
+def run_one(n: int, calls: int, warmup: int, seed: int, period_s: float) -> Figures:
     ctx = multiprocessing.get_context("spawn")
     ports: Queue[int] = ctx.Queue()
-    proc = ctx.Process(target=serve_process, args=(n, seed, ports), daemon=True)
+    proc = ctx.Process(target=serve_process, args=(n, seed, period_s, ports), daemon=True)
     proc.start()
     try:
         port = ports.get(timeout=60)
@@ -192,16 +195,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--calls", type=int, default=3000)
     p.add_argument("--warmup", type=int, default=300)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--report-period-ms",
+        type=int,
+        default=1000,
+        help="each worker's load-report period (1000: a large fleet's setting; the CLI "
+        "default is 100)",
+    )
     args = p.parse_args(argv)
     if any(n < 1 for n in args.workers) or args.calls < 1 or args.warmup < 0:
         p.error("--workers and --calls must be >= 1, --warmup >= 0")
+    if args.report_period_ms < 10:
+        p.error("--report-period-ms must be >= 10")
+    period_s = args.report_period_ms / 1000
 
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
     print(
         f"Route RPC on loopback, default profile — Python {platform.python_version()}, "
         f"{os.cpu_count()} CPUs, load average {load:.2f}; {args.calls} sequential calls "
-        f"after {args.warmup} warm-up, reports+probes for every worker each "
-        f"{REPORT_PERIOD_S:g}s"
+        f"after {args.warmup} warm-up, a report and a probe for every worker each "
+        f"{period_s:g}s (stale after {3 * period_s:g}s)"
     )
     print()
     print(
@@ -210,7 +223,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     worst_p50 = 0.0
     for n in args.workers:
-        f = run_one(n, args.calls, args.warmup, args.seed)
+        f = run_one(n, args.calls, args.warmup, args.seed, period_s)
         p50 = statistics.median(f.rpc_us)
         worst_p50 = max(worst_p50, p50)
         print(
