@@ -1,57 +1,92 @@
-"""How the router finds workers. Every discovery keeps one
-:class:`~services.router.watcher.WorkerWatcher` per address and adds or removes watchers as
-the set of addresses changes; the registry follows.
+"""How the router finds workers: every configured source feeds one :class:`Membership`.
 
-``StaticDiscovery`` takes a fixed list (local stack, docker-compose). Other sources (DNS names
-that resolve to several workers, workers announcing themselves) feed the same ``set_addresses``.
+| source        | flag                       | fits                                            |
+|---------------|----------------------------|-------------------------------------------------|
+| static list   | ``--worker HOST:PORT``     | the local stack, fixed docker-compose services  |
+| DNS           | ``--worker-dns NAME:PORT`` | Kubernetes headless Services, compose --scale   |
+| announcements | ``--announce-dir DIR``     | workers on ports picked at start, shared volume |
+
+Sources can be combined; an address is watched while any source lists it. A new worker joins
+at the next DNS resolution or directory scan (seconds); a dead one is marked down by its
+watcher within a second, whatever the source (health is not membership).
 """
 
 from __future__ import annotations
 
-import asyncio
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from services.common.clock import Clock
+from services.router.announce import AnnounceDirDiscovery
+from services.router.dns import DnsDiscovery, DnsTarget, Resolver
+from services.router.membership import Membership
 from services.router.registry import WorkerRegistry
-from services.router.watcher import WorkerWatcher
+from services.router.watcher import WatchConfig
+
+STATIC_SOURCE = "static"
 
 
-class StaticDiscovery:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DiscoveryConfig:
+    """Where workers come from. ``static``: fixed ``host:port`` addresses. ``dns``: names
+    re-resolved every ``dns_interval_s``. ``announce_dir``: a directory of announcement files
+    scanned every ``announce_interval_s``. ``watch``: how each worker is followed."""
+
+    static: tuple[str, ...] = ()
+    dns: tuple[DnsTarget, ...] = ()
+    dns_interval_s: float = 5.0
+    announce_dir: Path | None = None
+    announce_interval_s: float = 1.0
+    watch: WatchConfig = field(default_factory=WatchConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("dns_interval_s", "announce_interval_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be > 0")
+
+
+class Discovery:
     def __init__(
         self,
         *,
         registry: WorkerRegistry,
         clock: Clock,
-        addresses: list[str],
-        report_interval_ms: int = 100,
+        config: DiscoveryConfig,
+        resolver: Resolver | None = None,
     ) -> None:
-        self._registry = registry
-        self._clock = clock
-        self._report_interval_ms = report_interval_ms
-        self._initial = list(dict.fromkeys(addresses))
-        self._watchers: dict[str, WorkerWatcher] = {}
-        self._stopping: set[asyncio.Task[None]] = set()
+        self.config = config
+        self.membership = Membership(registry=registry, clock=clock, watch=config.watch)
+        self.dns = DnsDiscovery(
+            targets=config.dns,
+            membership=self.membership,
+            resolver=resolver,
+            interval_s=config.dns_interval_s,
+        )
+        self.announce = (
+            AnnounceDirDiscovery(
+                directory=config.announce_dir,
+                membership=self.membership,
+                interval_s=config.announce_interval_s,
+            )
+            if config.announce_dir is not None
+            else None
+        )
 
     def start(self) -> None:
-        self.set_addresses(self._initial)
+        """Start watching (call from the event loop)."""
+        self.membership.update(STATIC_SOURCE, self.config.static)
+        self.dns.start()
+        if self.announce is not None:
+            self.announce.start()
 
-    def set_addresses(self, addresses: list[str]) -> None:
-        wanted = set(addresses)
-        for address in list(self._watchers):
-            if address not in wanted:
-                task = asyncio.create_task(self._watchers.pop(address).stop())
-                self._stopping.add(task)
-                task.add_done_callback(self._stopping.discard)
-        for address in addresses:
-            if address not in self._watchers:
-                watcher = WorkerWatcher(
-                    address=address,
-                    registry=self._registry,
-                    clock=self._clock,
-                    report_interval_ms=self._report_interval_ms,
-                )
-                self._watchers[address] = watcher
-                watcher.start()
+    def set_static(self, addresses: list[str]) -> None:
+        """Replace the static list (tests, and an embedder reloading its configuration)."""
+        self.membership.update(STATIC_SOURCE, addresses)
 
     async def stop(self) -> None:
-        watchers, self._watchers = list(self._watchers.values()), {}
-        await asyncio.gather(*(w.stop() for w in watchers), *self._stopping)
+        await self.dns.stop()
+        if self.announce is not None:
+            await self.announce.stop()
+        await self.membership.stop()

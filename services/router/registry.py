@@ -14,13 +14,35 @@ than ``stale_after_s``; a killed worker's stream breaks at once, a partitioned o
 either way it is down within a second with the defaults.
 
 In-flight accounting: a load report covers the requests the worker had received when it sent
-it. Assignments this router made after that (taking one-way network delay into account) are
-counted as ``in_flight`` on top, so a burst between two reports does not herd onto one worker.
+it. Assignments this router made after that are counted as ``in_flight`` on top, so a burst
+between two reports does not herd onto one worker. A request routed at ``t`` reaches the
+worker at about ``t + grace + one-way`` (the edge, next to this router, dials the worker after
+its own processing, ``in_flight_grace_s``), and a report sent after that arrives one more
+one-way later; so a report received at ``now`` covers the assignments made before
+``now - rtt - grace``. Counting a request twice for that short window is the safe side:
+forgetting it early lets a burst overfill a worker that looked free.
+
+Cost. ``snapshots`` is on every decision's path, so it does not walk the workers: it keeps the
+list of the last call and rebuilds only the rows that changed since (a report, a probe, an
+assignment, an outcome) or that reached a *deadline* — the instant a row's meaning changes with
+time alone: its last report goes stale, its oldest assignment or failure expires, or it is
+``snapshot_max_age_s`` old (which bounds how stale ``report_age_s`` can be). Deadlines sit in a
+heap; a decision between two reports costs a list copy (a few microseconds at 1,000 workers).
+Unchanged rows keep their snapshot *object*, which is what lets the scheduler re-evaluate only
+the workers that changed.
+
+Aliases. Two addresses can lead to the same worker (a static address and a DNS name, or a
+worker listening on two interfaces). The worker is listed once, under the address that
+described it first; another address takes over when the listed one loses its connection and
+the other has one.
 """
 
 from __future__ import annotations
 
 import collections
+import heapq
+import itertools
+import math
 from dataclasses import dataclass, field
 
 from meridian.v1 import worker_pb2
@@ -33,17 +55,32 @@ _STATE_FROM_PB = {
     worker_pb2.MODEL_STATE_FAILED: ModelState.FAILED,
 }
 
+# A deadline is never set closer than this to the rebuild that computed it, so a row sitting
+# exactly on a boundary is not rebuilt on every call.
+_MIN_DEADLINE_S = 0.001
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class RegistryConfig:
+    """How the live view ages.
+
+    ``stale_after_s``: a worker whose last load report is older is down (partitions, hung
+    processes). ``rtt_ewma_alpha``: weight of a new probe in the smoothed RTT. ``loss_window``:
+    probes over which packet loss is measured. ``assignment_ttl_s``: an assignment no report or
+    outcome ever covered stops counting as in flight after this long (a lost outcome must not
+    leak load). ``failure_window_s``: how long a failed request counts against its worker.
+    ``snapshot_max_age_s``: the longest a row is reused without a rebuild (bounds the error of
+    ``report_age_s``; rows are rebuilt on every change anyway). ``in_flight_grace_s``: time
+    between a decision and the edge's Generate call leaving (see in-flight accounting above).
+    """
+
     stale_after_s: float = 0.6
+    in_flight_grace_s: float = 0.02
     rtt_ewma_alpha: float = 0.3
     loss_window: int = 20
     assignment_ttl_s: float = 30.0
     failure_window_s: float = 30.0
-    # A snapshot is reused for this long unless a report, probe or assignment changes it;
-    # bounds how stale report_age_s and health can be (and saves work at 1,000 workers).
-    snapshot_max_age_s: float = 0.05
+    snapshot_max_age_s: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.stale_after_s > 0:
@@ -54,11 +91,13 @@ class RegistryConfig:
             raise ValueError("loss_window must be >= 1")
         if not self.assignment_ttl_s > 0 or not self.failure_window_s > 0:
             raise ValueError("assignment_ttl_s and failure_window_s must be > 0")
-        if self.snapshot_max_age_s < 0:
+        if not self.snapshot_max_age_s >= 0:
             raise ValueError("snapshot_max_age_s must be >= 0")
+        if not self.in_flight_grace_s >= 0:
+            raise ValueError("in_flight_grace_s must be >= 0")
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, eq=False)
 class _Record:
     address: str
     worker_id: str = ""
@@ -69,18 +108,34 @@ class _Record:
     report_at: float = 0.0
     rtt_ms: float | None = None
     probes: collections.deque[bool] = field(default_factory=collections.deque)
-    # decision_id → time assigned (router clock)
+    lost: int = 0  # probes lost among ``probes``
+    # decision_id → time assigned (router clock), in assignment order (oldest first)
     assignments: dict[str, float] = field(default_factory=dict)
     failures: collections.deque[float] = field(default_factory=collections.deque)
-    snapshot: WorkerSnapshot | None = None  # cached until something changes
-    snapshot_at: float = 0.0
+    models: tuple[ModelStatus, ...] = ()  # decoded from ``report``, kept while it is unchanged
+    shadowed: bool = False  # an alias of a worker listed under another address
+    snapshot: WorkerSnapshot | None = None
+    index: int = -1  # position in the listed rows, -1 when not listed
+    dirty: bool = False
+    due: float = math.inf
 
 
 class WorkerRegistry:
     def __init__(self, config: RegistryConfig | None = None) -> None:
         self._config = config or RegistryConfig()
         self._by_address: dict[str, _Record] = {}
-        self._address_of: dict[str, str] = {}  # worker_id → address
+        self._owner: dict[str, str] = {}  # worker_id → the address it is listed under
+        self._group: dict[str, dict[str, None]] = {}  # worker_id → its addresses, in order
+        self._listed: list[_Record] = []
+        self._snaps: list[WorkerSnapshot] = []
+        self._layout_changed = True
+        self._dirty: list[_Record] = []
+        self._deadlines: list[tuple[float, int, _Record]] = []
+        self._seq = itertools.count()
+
+    @property
+    def config(self) -> RegistryConfig:
+        return self._config
 
     # --- membership -----------------------------------------------------------------------
 
@@ -89,8 +144,15 @@ class WorkerRegistry:
 
     def remove(self, address: str) -> None:
         rec = self._by_address.pop(address, None)
-        if rec and self._address_of.get(rec.worker_id) == address:
-            del self._address_of[rec.worker_id]
+        if rec is None:
+            return
+        rec.index = -1
+        if rec.worker_id:
+            self._leave_group(rec)
+            if self._owner.get(rec.worker_id) == address:
+                del self._owner[rec.worker_id]
+                self._elect(rec.worker_id)
+        self._layout_changed = True
 
     def addresses(self) -> list[str]:
         return list(self._by_address)
@@ -101,39 +163,52 @@ class WorkerRegistry:
         rec = self._by_address.get(address)
         if rec is None:
             return
-        rec.worker_id, rec.region = info.worker_id, info.region
-        self._address_of[info.worker_id] = address
-        rec.snapshot = None
+        self._identify(rec, info.worker_id, info.region)
+        self._touch(rec)
 
     def on_report(self, address: str, report: worker_pb2.LoadReport, now: float) -> None:
         rec = self._by_address.get(address)
         if rec is None:
             return
+        was_connected = rec.connected
         rec.connected = True
         rec.down_reason = ""
+        previous = rec.report
         rec.report = report
         rec.report_at = now
-        if report.worker_id and report.worker_id != rec.worker_id:
-            rec.worker_id, rec.region = report.worker_id, report.region
-            self._address_of[report.worker_id] = address
-        # Requests assigned before the report left the worker are in its counts now.
-        one_way_s = (rec.rtt_ms or 0.0) / 2000.0
-        covered_before = now - one_way_s
-        rec.assignments = {d: t for d, t in rec.assignments.items() if t > covered_before}
-        rec.snapshot = None
+        if previous is None or previous.models != report.models:
+            rec.models = tuple(
+                ModelStatus(
+                    name=m.name,
+                    state=_STATE_FROM_PB.get(m.state, ModelState.FAILED),
+                    max_model_len=m.max_model_len,
+                )
+                for m in report.models
+            )
+        if report.worker_id and (report.worker_id != rec.worker_id or report.region != rec.region):
+            self._identify(rec, report.worker_id, report.region)
+        elif not was_connected and rec.shadowed:
+            self._elect(rec.worker_id)
+        # Requests that reached the worker before the report left it are in its counts now.
+        if rec.assignments:
+            covered_before = now - (rec.rtt_ms or 0.0) / 1000.0 - self._config.in_flight_grace_s
+            rec.assignments = {d: t for d, t in rec.assignments.items() if t > covered_before}
+        self._touch(rec)
 
     def on_probe(self, address: str, rtt_ms: float | None) -> None:
         """Record one probe: its round-trip time, or ``None`` when it was lost."""
         rec = self._by_address.get(address)
         if rec is None:
             return
-        rec.probes.append(rtt_ms is not None)
+        ok = rtt_ms is not None
+        rec.probes.append(ok)
+        rec.lost += not ok
         while len(rec.probes) > self._config.loss_window:
-            rec.probes.popleft()
+            rec.lost -= not rec.probes.popleft()
         if rtt_ms is not None:
             a = self._config.rtt_ewma_alpha
             rec.rtt_ms = rtt_ms if rec.rtt_ms is None else a * rtt_ms + (1 - a) * rec.rtt_ms
-        rec.snapshot = None
+        self._touch(rec)
 
     def on_disconnect(self, address: str, reason: str) -> None:
         rec = self._by_address.get(address)
@@ -141,13 +216,15 @@ class WorkerRegistry:
             return
         rec.connected = False
         rec.down_reason = reason
-        rec.snapshot = None
+        if rec.worker_id and not rec.shadowed:
+            self._elect(rec.worker_id)
+        self._touch(rec)
 
     def assign(self, worker_id: str, decision_id: str, now: float) -> None:
         rec = self._record_of(worker_id)
         if rec is not None:
             rec.assignments[decision_id] = now
-            rec.snapshot = None
+            self._touch(rec)
 
     def on_outcome(self, worker_id: str, decision_id: str, failed: bool, now: float) -> None:
         rec = self._record_of(worker_id)
@@ -156,22 +233,30 @@ class WorkerRegistry:
         rec.assignments.pop(decision_id, None)
         if failed:
             rec.failures.append(now)
-        rec.snapshot = None
+        self._touch(rec)
 
     # --- output ---------------------------------------------------------------------------
 
     def snapshots(self, now: float) -> list[WorkerSnapshot]:
-        """Every worker that has described itself, as the scheduler should see it now."""
-        out = []
-        for rec in self._by_address.values():
-            if not rec.worker_id:
-                continue
-            self._expire(rec, now)
-            if rec.snapshot is None or now - rec.snapshot_at > self._config.snapshot_max_age_s:
-                rec.snapshot = self._build(rec, now)
-                rec.snapshot_at = now
-            out.append(rec.snapshot)
-        return out
+        """Every worker that has described itself (once per worker id), as the scheduler
+        should see it now. Rows that did not change keep their snapshot object."""
+        deadlines = self._deadlines
+        while deadlines and deadlines[0][0] <= now:
+            due, _, rec = heapq.heappop(deadlines)
+            if due == rec.due:
+                rec.due = math.inf
+                self._touch(rec)
+        if self._layout_changed:
+            self._relayout()
+        dirty, self._dirty = self._dirty, []
+        snaps = self._snaps
+        for rec in dirty:
+            rec.dirty = False
+            if rec.index >= 0:
+                snaps[rec.index] = self._rebuild(rec, now)
+            else:
+                rec.snapshot = None  # not listed: built when it is
+        return snaps.copy()
 
     def report_age_s(self, worker_id: str, now: float) -> float | None:
         rec = self._record_of(worker_id)
@@ -181,11 +266,81 @@ class WorkerRegistry:
         rec = self._record_of(worker_id)
         return None if rec is None else rec.report
 
+    def address_of(self, worker_id: str) -> str | None:
+        """The address a worker is listed under (``None`` when unknown)."""
+        return self._owner.get(worker_id)
+
     # --- internals ------------------------------------------------------------------------
 
     def _record_of(self, worker_id: str) -> _Record | None:
-        address = self._address_of.get(worker_id)
+        address = self._owner.get(worker_id)
         return None if address is None else self._by_address.get(address)
+
+    def _touch(self, rec: _Record) -> None:
+        if not rec.dirty:
+            rec.dirty = True
+            self._dirty.append(rec)
+
+    def _identify(self, rec: _Record, worker_id: str, region: str) -> None:
+        """The worker at ``rec`` says who it is: (re)assign ownership of its id."""
+        if rec.worker_id == worker_id:
+            if rec.region != region:
+                rec.region = region
+                self._layout_changed = True
+            return
+        if rec.worker_id:
+            old = rec.worker_id
+            self._leave_group(rec)
+            rec.worker_id = ""
+            if self._owner.get(old) == rec.address:
+                del self._owner[old]
+                self._elect(old)
+        rec.worker_id, rec.region = worker_id, region
+        self._group.setdefault(worker_id, {})[rec.address] = None
+        self._elect(worker_id)
+        self._layout_changed = True
+
+    def _leave_group(self, rec: _Record) -> None:
+        group = self._group.get(rec.worker_id)
+        if group is not None:
+            group.pop(rec.address, None)
+            if not group:
+                del self._group[rec.worker_id]
+
+    def _elect(self, worker_id: str) -> None:
+        """Choose the address a worker id is listed under: the current one while it is
+        connected, else the first connected alias, else the current (or first) one."""
+        by_address = self._by_address
+        group = [by_address[a] for a in self._group.get(worker_id, ()) if a in by_address]
+        if not group:
+            self._owner.pop(worker_id, None)
+            return
+        current = self._by_address.get(self._owner.get(worker_id, ""))
+        if current is None or current.worker_id != worker_id:
+            current = None
+        if current is None or not current.connected:
+            current = next((r for r in group if r.connected), current or group[0])
+        self._owner[worker_id] = current.address
+        for r in group:
+            shadowed = r is not current
+            if r.shadowed != shadowed:
+                r.shadowed = shadowed
+                self._layout_changed = True
+                self._touch(r)
+
+    def _relayout(self) -> None:
+        self._layout_changed = False
+        for rec in self._listed:
+            rec.index = -1
+        listed = [r for r in self._by_address.values() if r.worker_id and not r.shadowed]
+        for i, rec in enumerate(listed):
+            rec.index = i
+            if rec.snapshot is None and not rec.dirty:
+                self._touch(rec)
+        self._listed = listed
+        # Placeholders are replaced by the dirty pass that follows (every row without a
+        # snapshot is dirty).
+        self._snaps = [r.snapshot or _PLACEHOLDER for r in listed]
 
     def _healthy(self, rec: _Record, now: float) -> bool:
         return (
@@ -194,27 +349,39 @@ class WorkerRegistry:
             and now - rec.report_at <= self._config.stale_after_s
         )
 
-    def _expire(self, rec: _Record, now: float) -> None:
-        ttl = self._config.assignment_ttl_s
-        if rec.assignments and min(rec.assignments.values()) < now - ttl:
-            rec.assignments = {d: t for d, t in rec.assignments.items() if t >= now - ttl}
-            rec.snapshot = None
-        window = self._config.failure_window_s
-        while rec.failures and rec.failures[0] < now - window:
-            rec.failures.popleft()
-            rec.snapshot = None
-
-    def _build(self, rec: _Record, now: float) -> WorkerSnapshot:
+    def _rebuild(self, rec: _Record, now: float) -> WorkerSnapshot:
+        cfg = self._config
+        assignments = rec.assignments
+        if assignments and next(iter(assignments.values())) < now - cfg.assignment_ttl_s:
+            cutoff = now - cfg.assignment_ttl_s
+            rec.assignments = assignments = {d: t for d, t in assignments.items() if t >= cutoff}
+        failures = rec.failures
+        while failures and failures[0] < now - cfg.failure_window_s:
+            failures.popleft()
         healthy = self._healthy(rec, now)
+        snap = self._build(rec, now, healthy)
+        rec.snapshot = snap
+        due = now + cfg.snapshot_max_age_s
+        if healthy:
+            due = min(due, rec.report_at + cfg.stale_after_s)
+        if assignments:
+            due = min(due, next(iter(assignments.values())) + cfg.assignment_ttl_s)
+        if failures:
+            due = min(due, failures[0] + cfg.failure_window_s)
+        due = max(due, now + _MIN_DEADLINE_S)
+        rec.due = due
+        heapq.heappush(self._deadlines, (due, next(self._seq), rec))
+        return snap
+
+    def _build(self, rec: _Record, now: float, healthy: bool) -> WorkerSnapshot:
         if healthy:
             detail = "ok"
         elif not rec.connected:
             detail = rec.down_reason or "disconnected"
         else:
             detail = f"no load report for {now - rec.report_at:.1f}s"
+        loss = rec.lost / len(rec.probes) if rec.probes else 0.0
         report = rec.report
-        lost = sum(1 for ok in rec.probes if not ok)
-        loss = lost / len(rec.probes) if rec.probes else 0.0
         if report is None:
             return WorkerSnapshot(
                 worker_id=rec.worker_id,
@@ -227,21 +394,14 @@ class WorkerRegistry:
                 in_flight=len(rec.assignments),
                 recent_failures=len(rec.failures),
             )
-        gpu = max((g.utilization for g in report.gpus), default=None) if report.gpus else None
+        gpus = report.gpus
         return WorkerSnapshot(
             worker_id=rec.worker_id,
             region=rec.region,
             address=rec.address,
             healthy=healthy,
             health_detail=detail,
-            models=tuple(
-                ModelStatus(
-                    name=m.name,
-                    state=_STATE_FROM_PB.get(m.state, ModelState.FAILED),
-                    max_model_len=m.max_model_len,
-                )
-                for m in report.models
-            ),
+            models=rec.models,
             draining=report.draining,
             rtt_ms=rec.rtt_ms,
             loss=loss,
@@ -252,7 +412,10 @@ class WorkerRegistry:
             kv_cache_usage=report.kv_cache_usage,
             tokens_per_second=report.tokens_per_second,
             prefix_cache_hit_rate=report.prefix_cache_hit_rate,
-            gpu_utilization=gpu,
+            gpu_utilization=max(g.utilization for g in gpus) if gpus else None,
             in_flight=len(rec.assignments),
             recent_failures=len(rec.failures),
         )
+
+
+_PLACEHOLDER = WorkerSnapshot(worker_id="", region="", address="", healthy=False)

@@ -3,14 +3,26 @@
 Route turns a request into a :class:`RouteQuery`, asks the scheduler to rank the registry's
 current snapshots, records the assignment (in-flight accounting) and answers with the ranked
 candidates and their per-signal contributions. An empty decision becomes the gRPC status its
-reason maps to (see proto/meridian/v1/router.proto).
+reason maps to (see proto/meridian/v1/router.proto): SATURATED (every allowed worker refuses
+this priority tier) is RESOURCE_EXHAUSTED with a retry-after, so the lowest tier is shed first
+and the edge answers 429/503 with Retry-After.
+
+Per-signal contributions of every candidate and the filters' verdicts are sent when the
+request asks for them (``explain``, as the proto says); the one-line explanation always is.
+Building them costs more than the rest of the response, and the edge's hot path does not
+read them.
+
+Every decision, routed or empty, goes to the :class:`DecisionJournal` (the debug endpoint's
+"last N decisions") and its per-plugin timings to :class:`PluginTimings`.
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
+import math
+import secrets
 import time
-import uuid
 from collections.abc import Sequence
 from typing import Any, Protocol
 
@@ -29,6 +41,7 @@ from services.common.errors import (
 )
 from services.common.grpcutil import abort_with
 from services.common.logs import event
+from services.router.journal import DecisionJournal, JournalEntry, PluginTimings
 from services.router.registry import WorkerRegistry
 from services.router.scheduling.types import (
     Decision,
@@ -46,6 +59,8 @@ MAX_LIST_ITEMS = 64
 
 
 class Scheduler(Protocol):
+    name: str
+
     def schedule(self, query: RouteQuery, workers: Sequence[WorkerSnapshot]) -> Decision: ...
 
 
@@ -113,6 +128,23 @@ def error_for(decision: Decision, query: RouteQuery) -> MeridianError:
     )
 
 
+class LogThrottle:
+    """At most one log line per key per ``interval_s``; says how many were left out."""
+
+    def __init__(self, *, interval_s: float) -> None:
+        self._interval_s = interval_s
+        self._state: dict[tuple[str, ...], tuple[float, int]] = {}
+
+    def allow(self, key: tuple[str, ...], now: float) -> int | None:
+        """``None`` to stay quiet; else the number of lines left out since the last one."""
+        last, skipped = self._state.get(key, (-math.inf, 0))
+        if now - last < self._interval_s:
+            self._state[key] = (last, skipped + 1)
+            return None
+        self._state[key] = (now, 0)
+        return skipped
+
+
 class RouterService(router_pb2_grpc.RouterServicer):
     def __init__(
         self,
@@ -121,11 +153,49 @@ class RouterService(router_pb2_grpc.RouterServicer):
         scheduler: Scheduler,
         clock: Clock,
         site: str = "",
+        journal: DecisionJournal | None = None,
+        timings: PluginTimings | None = None,
     ) -> None:
         self._registry = registry
         self._scheduler = scheduler
         self._clock = clock
         self._site = site
+        self.journal = journal if journal is not None else DecisionJournal()
+        self.timings = timings if timings is not None else PluginTimings()
+        # Decision ids: a random prefix per replica process and a counter, unique across
+        # replicas without a uuid per call.
+        self._id_prefix = secrets.token_hex(6) + "-"
+        self._ids = itertools.count(1)
+        # Under overload every decision of a tier can be empty: one log line per second per
+        # (reason, tier), with the count of the ones left out (the journal counts them all).
+        self._empty_log = LogThrottle(interval_s=1.0)
+
+    @property
+    def registry(self) -> WorkerRegistry:
+        return self._registry
+
+    @property
+    def clock(self) -> Clock:
+        return self._clock
+
+    @property
+    def site(self) -> str:
+        return self._site
+
+    @property
+    def profile(self) -> str:
+        return self._scheduler.name
+
+    def dry_run(self, query: RouteQuery) -> tuple[Decision, float]:
+        """Decide without assigning (the debug endpoint): the decision and its cost in µs.
+
+        Nothing is counted in flight. Stateful plugins still see the decision (a round-robin
+        picker advances; affinity plugins learn only from queries with a session or prefix,
+        which the debug endpoint does not send)."""
+        started = time.perf_counter_ns()
+        snapshots = self._registry.snapshots(self._clock.monotonic())
+        decision = self._scheduler.schedule(query, snapshots)
+        return decision, (time.perf_counter_ns() - started) / 1000
 
     async def Route(
         self,
@@ -140,20 +210,31 @@ class RouterService(router_pb2_grpc.RouterServicer):
             raise AssertionError("unreachable") from None
         now = self._clock.monotonic()
         decision = self._scheduler.schedule(query, self._registry.snapshots(now))
-        elapsed_us = (time.perf_counter_ns() - started) / 1000
+        self.timings.record(decision.plugin_timings_us)
         if not decision.ranked:
-            event(
-                log,
-                "route.empty",
-                request_id=query.request_id,
-                model=query.model,
-                reason=(decision.empty_reason or NoCandidate.UNAVAILABLE).value,
-                detail=decision.explanation,
-            )
+            elapsed_us = (time.perf_counter_ns() - started) / 1000
+            self.journal.record(JournalEntry(time.time(), "", query, decision, elapsed_us))
+            reason = (decision.empty_reason or NoCandidate.UNAVAILABLE).value
+            priority = query.priority.name.lower()
+            suppressed = self._empty_log.allow((reason, priority), now)
+            if suppressed is not None:
+                event(
+                    log,
+                    "route.empty",
+                    request_id=query.request_id,
+                    model=query.model,
+                    priority=priority,
+                    reason=reason,
+                    retry_after_s=decision.retry_after_s,
+                    detail=decision.explanation,
+                    suppressed_since_last=suppressed,
+                )
             await abort_with(context, error_for(decision, query))
-        decision_id = uuid.uuid4().hex
+        decision_id = f"{self._id_prefix}{next(self._ids):x}"
         winner = decision.ranked[0]
         self._registry.assign(winner.worker.worker_id, decision_id, now)
+        elapsed_us = (time.perf_counter_ns() - started) / 1000
+        self.journal.record(JournalEntry(time.time(), decision_id, query, decision, elapsed_us))
         event(
             log,
             "route.decided",
@@ -242,6 +323,8 @@ class RouterService(router_pb2_grpc.RouterServicer):
                 address=scored.worker.address,
                 score=scored.score,
             )
+            if not explain:
+                continue
             for c in scored.contributions:
                 cand.contributions.add(
                     signal=c.signal,

@@ -6,6 +6,8 @@ restarted worker is back in the view within about a second of listening again.
 
 RTT is measured by this router (the Probe RPC, timed here) through whatever network lies
 between this site and the worker — in the local stack, the delay proxy in front of each region.
+Every router replica runs its own watchers: each worker serves one load stream and one probe
+loop per replica (see docs/router.md for what that costs).
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
+from dataclasses import dataclass
 
 import grpc
 
@@ -26,6 +30,34 @@ from services.router.registry import WorkerRegistry
 log = logging.getLogger("meridian.router.watcher")
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class WatchConfig:
+    """How a router follows each worker.
+
+    ``report_interval_ms``: the load-report period asked of the worker (10..60000).
+    ``probe_interval_s``: time between RTT probes; ``probe_timeout_s``: a probe unanswered
+    this long counts as lost. ``describe_timeout_s``: limit on the first call of a
+    connection. ``backoff_min_s``/``backoff_max_s``: reconnect delay, doubling per failure.
+    """
+
+    report_interval_ms: int = 100
+    probe_interval_s: float = 0.25
+    probe_timeout_s: float = 1.0
+    describe_timeout_s: float = 2.0
+    backoff_min_s: float = 0.2
+    backoff_max_s: float = 2.0
+
+    def __post_init__(self) -> None:
+        if not 10 <= self.report_interval_ms <= 60_000:
+            raise ValueError("report_interval_ms must be in 10..60000")
+        for name in ("probe_interval_s", "probe_timeout_s", "describe_timeout_s", "backoff_min_s"):
+            value = getattr(self, name)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError(f"{name} must be > 0")
+        if not self.backoff_max_s >= self.backoff_min_s:
+            raise ValueError("backoff_max_s must be >= backoff_min_s")
+
+
 class WorkerWatcher:
     def __init__(
         self,
@@ -33,16 +65,12 @@ class WorkerWatcher:
         address: str,
         registry: WorkerRegistry,
         clock: Clock,
-        report_interval_ms: int = 100,
-        probe_interval_s: float = 0.25,
-        probe_timeout_s: float = 1.0,
+        config: WatchConfig | None = None,
     ) -> None:
         self.address = address
         self._registry = registry
         self._clock = clock
-        self._report_interval_ms = report_interval_ms
-        self._probe_interval_s = probe_interval_s
-        self._probe_timeout_s = probe_timeout_s
+        self._config = config or WatchConfig()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -57,52 +85,76 @@ class WorkerWatcher:
         self._registry.remove(self.address)
 
     async def _run(self) -> None:
-        backoff = 0.2
+        cfg = self._config
+        backoff = cfg.backoff_min_s
+        failures = 0  # consecutive connection attempts that never got a load report
         while True:
             channel = insecure_channel(self.address)
+            reported = False
             try:
                 stub = worker_pb2_grpc.WorkerStub(channel)
-                info = await stub.Describe(worker_pb2.DescribeRequest(), timeout=2.0)
+                info = await stub.Describe(
+                    worker_pb2.DescribeRequest(), timeout=cfg.describe_timeout_s
+                )
                 self._registry.on_describe(self.address, info)
                 event(log, "worker.connected", address=self.address, worker_id=info.worker_id)
-                backoff = 0.2
-                await self._follow(stub)
-                reason = "load stream ended"
+                reported, reason = await self._follow(stub)
             except grpc.aio.AioRpcError as err:
-                reason = f"{err.code().name}: {err.details()}"
+                reason = _reason(err)
             finally:
                 await channel.close(grace=None)
             self._registry.on_disconnect(self.address, reason)
+            if reported:
+                backoff, failures = cfg.backoff_min_s, 0
+            failures += not reported
+            # One warning when a worker goes away or first fails; retries of an address that
+            # keeps failing are logged at debug level (a dead address must not flood the log).
             event(
                 log,
-                "worker.disconnected",
-                level=logging.WARNING,
+                "worker.disconnected" if reported else "worker.unreachable",
+                level=logging.WARNING if failures <= 1 else logging.DEBUG,
                 address=self.address,
                 reason=reason,
+                attempts=failures,
             )
             await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 2.0)
+            backoff = min(backoff * 2, cfg.backoff_max_s)
 
-    async def _follow(self, stub: worker_pb2_grpc.WorkerStub) -> None:
+    async def _follow(self, stub: worker_pb2_grpc.WorkerStub) -> tuple[bool, str]:
+        """Follow the load stream until it ends: whether any report arrived, and why it
+        ended."""
         prober = asyncio.create_task(self._probe_loop(stub))
+        reported = False
+        reason = "load stream ended"
         try:
-            call = stub.WatchLoad(worker_pb2.WatchLoadRequest(interval_ms=self._report_interval_ms))
+            call = stub.WatchLoad(
+                worker_pb2.WatchLoadRequest(interval_ms=self._config.report_interval_ms)
+            )
             async for report in call:
+                reported = True
                 self._registry.on_report(self.address, report, self._clock.monotonic())
+        except grpc.aio.AioRpcError as err:
+            reason = _reason(err)
         finally:
             prober.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await prober
+        return reported, reason
 
     async def _probe_loop(self, stub: worker_pb2_grpc.WorkerStub) -> None:
+        cfg = self._config
         while True:
             started = time.perf_counter()
             try:
                 await stub.Probe(
                     worker_pb2.ProbeRequest(sent_unix_ns=time.time_ns()),
-                    timeout=self._probe_timeout_s,
+                    timeout=cfg.probe_timeout_s,
                 )
                 self._registry.on_probe(self.address, (time.perf_counter() - started) * 1000)
             except grpc.aio.AioRpcError:
                 self._registry.on_probe(self.address, None)
-            await asyncio.sleep(self._probe_interval_s)
+            await asyncio.sleep(cfg.probe_interval_s)
+
+
+def _reason(err: grpc.aio.AioRpcError) -> str:
+    return f"{err.code().name}: {err.details()}"

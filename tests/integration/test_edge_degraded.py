@@ -10,26 +10,24 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import aiohttp
 import pytest
 
-from meridian.v1 import router_pb2_grpc
-from services.common.clock import SYSTEM_CLOCK
-from services.common.grpcutil import new_server
 from services.edge.failover import FailoverPolicy
 from services.edge.ratelimit.limiter import FailureMode, RateLimitConfig
 from services.edge.server import EdgeConfig
 from services.edge.tenants import Limits
-from services.router.discovery import StaticDiscovery
-from services.router.registry import RegistryConfig, WorkerRegistry
-from services.router.scheduling.profile import load_profile
-from services.router.service import RouterService
 from tests.integration.conftest import MODEL, Stack, start_stack, stop_stack
-from tests.support.inproc import DEFAULT_PROFILE, TEST_ADMIN_TOKEN, RunningEdge, start_edge
+from tests.support.inproc import (
+    TEST_ADMIN_TOKEN,
+    RunningEdge,
+    start_edge,
+    start_router,
+)
 from tests.support.redis_proc import RedisProcess
 from tests.support.wait import eventually
 
@@ -145,23 +143,6 @@ async def test_fail_closed_refuses_limited_requests_even_with_a_fresh_key(
     outage.start_redis()
 
 
-async def start_router_at(address: str, workers: Sequence[str]) -> tuple[object, StaticDiscovery]:
-    """A router like tests.support.inproc.start_router, on a given address (a restart)."""
-    registry = WorkerRegistry(RegistryConfig(stale_after_s=0.5))
-    discovery = StaticDiscovery(
-        registry=registry, clock=SYSTEM_CLOCK, addresses=list(workers), report_interval_ms=50
-    )
-    service = RouterService(
-        registry=registry, scheduler=load_profile(DEFAULT_PROFILE), clock=SYSTEM_CLOCK, site="t"
-    )
-    server = new_server()
-    router_pb2_grpc.add_RouterServicer_to_server(service, server)
-    server.add_insecure_port(address)
-    await server.start()
-    discovery.start()
-    return server, discovery
-
-
 async def test_router_down_routes_from_the_last_view_then_recovers(stack: Stack) -> None:
     edge = stack.edge
     await edge.server.router.refresh()  # the view the edge keeps (refreshed every 2 s anyway)
@@ -184,7 +165,7 @@ async def test_router_down_routes_from_the_last_view_then_recovers(stack: Stack)
         assert [m["id"] for m in (await resp.json())["data"]] == [MODEL]
 
     workers = [f"{p.host}:{p.port}" for p in stack.proxies.values()]
-    server, discovery = await start_router_at(stack.router.address, workers)
+    restarted = await start_router(workers, listen=stack.router.address)
     try:
         used = edge.counters.route_fallback_used
 
@@ -200,8 +181,7 @@ async def test_router_down_routes_from_the_last_view_then_recovers(stack: Stack)
         assert await routed_by_router()
         assert edge.counters.route_fallback_used >= used
     finally:
-        await server.stop(0)  # type: ignore[attr-defined]
-        await discovery.stop()
+        await restarted.stop()
 
 
 async def test_router_down_without_a_view_is_503(redis_url: str, stack: Stack) -> None:

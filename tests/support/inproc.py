@@ -26,10 +26,13 @@ from services.edge.server import EdgeConfig, EdgeServer, connect_redis
 from services.edge.stages import RequestLimits
 from services.edge.tenants import Tenant
 from services.edge.upstream import RouterClient
-from services.router.discovery import StaticDiscovery
+from services.router.debug import DebugConfig, DebugEndpoint
+from services.router.discovery import Discovery, DiscoveryConfig
+from services.router.dns import DnsTarget, Resolver
 from services.router.registry import RegistryConfig, WorkerRegistry
 from services.router.scheduling.profile import load_profile
 from services.router.service import RouterService, Scheduler
+from services.router.watcher import WatchConfig
 from services.worker.engine import Engine
 from services.worker.service import WorkerService
 
@@ -52,8 +55,15 @@ class RunningWorker:
 
 
 async def start_worker(
-    engine: Engine, *, worker_id: str, region: str, report_interval_s: float = 0.05
+    engine: Engine,
+    *,
+    worker_id: str,
+    region: str,
+    report_interval_s: float = 0.05,
+    host: str = "127.0.0.1",
+    port: int = 0,
 ) -> RunningWorker:
+    """A worker listening on ``host:port`` (any loopback address; port 0 picks a free one)."""
     service = WorkerService(
         engine=engine, worker_id=worker_id, region=region, report_interval_s=report_interval_s
     )
@@ -61,22 +71,31 @@ async def start_worker(
     worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
     health = Health(["meridian.v1.Worker"])
     health.add_to(server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.add_insecure_port(f"{host}:{port}")
     await server.start()
     await engine.start()
     service.notify_state_change()
     await health.set_serving(True)
-    return RunningWorker(engine, service, server, f"127.0.0.1:{port}", worker_id, region)
+    return RunningWorker(engine, service, server, f"{host}:{port}", worker_id, region)
 
 
 @dataclass
 class RunningRouter:
     server: grpc.aio.Server
     registry: WorkerRegistry
-    discovery: StaticDiscovery
+    discovery: Discovery
     address: str
+    service: RouterService
+    debug: DebugEndpoint | None = None
+
+    @property
+    def debug_url(self) -> str:
+        assert self.debug is not None, "started without debug="
+        return f"http://127.0.0.1:{self.debug.port}"
 
     async def stop(self) -> None:
+        if self.debug is not None:
+            await self.debug.stop()
         await self.server.stop(0)
         await self.discovery.stop()
 
@@ -100,13 +119,33 @@ async def start_router(
     stale_after_s: float = 0.5,
     report_interval_ms: int = 50,
     site: str = "test",
+    dns: Sequence[DnsTarget] = (),
+    dns_interval_s: float = 5.0,
+    resolver: Resolver | None = None,
+    announce_dir: Path | None = None,
+    announce_interval_s: float = 1.0,
+    probe_interval_s: float = 0.25,
+    debug: DebugConfig | None = None,
+    listen: str = "127.0.0.1:0",
 ) -> RunningRouter:
+    """A router in this event loop. Workers come from ``worker_addresses`` (static), ``dns``
+    names (re-resolved every ``dns_interval_s``, through ``resolver`` if given) and
+    ``announce_dir``; ``debug`` also starts the debug endpoint."""
     registry = WorkerRegistry(RegistryConfig(stale_after_s=stale_after_s))
-    discovery = StaticDiscovery(
+    discovery = Discovery(
         registry=registry,
         clock=SYSTEM_CLOCK,
-        addresses=list(worker_addresses),
-        report_interval_ms=report_interval_ms,
+        config=DiscoveryConfig(
+            static=tuple(worker_addresses),
+            dns=tuple(dns),
+            dns_interval_s=dns_interval_s,
+            announce_dir=announce_dir,
+            announce_interval_s=announce_interval_s,
+            watch=WatchConfig(
+                report_interval_ms=report_interval_ms, probe_interval_s=probe_interval_s
+            ),
+        ),
+        resolver=resolver,
     )
     service = RouterService(
         registry=registry,
@@ -116,10 +155,14 @@ async def start_router(
     )
     server = new_server()
     router_pb2_grpc.add_RouterServicer_to_server(service, server)
-    port = server.add_insecure_port("127.0.0.1:0")
+    port = server.add_insecure_port(listen)
     await server.start()
     discovery.start()
-    return RunningRouter(server, registry, discovery, f"127.0.0.1:{port}")
+    endpoint = None
+    if debug is not None:
+        endpoint = DebugEndpoint(config=debug, service=service, membership=discovery.membership)
+        await endpoint.start()
+    return RunningRouter(server, registry, discovery, f"127.0.0.1:{port}", service, endpoint)
 
 
 #: The in-process edges' key pepper and admin token (tests only).
