@@ -227,7 +227,10 @@ def setup(
     attrs.update(resource_attributes or {})
     resource = Resource.create(attrs)  # also reads OTEL_RESOURCE_ATTRIBUTES
 
-    readers: list[MetricReader] = [PrometheusMetricReader(registry=registry), *metric_readers]
+    readers: list[MetricReader] = [
+        PrometheusMetricReader(registry=registry, scope_info_enabled=False),
+        *metric_readers,
+    ]
     metrics_endpoint = env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or env.get(
         "OTEL_EXPORTER_OTLP_ENDPOINT"
     )

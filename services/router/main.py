@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from meridian.v1 import router_pb2_grpc
-from services.common import logs, runtime
+from services.common import logs, runtime, telemetry
 from services.common.clock import SYSTEM_CLOCK
 from services.common.grpcutil import Health, new_server
 from services.common.logs import event
@@ -33,6 +33,7 @@ from services.common.net import parse_address
 from services.router.debug import DebugConfig, DebugEndpoint
 from services.router.discovery import Discovery, DiscoveryConfig
 from services.router.dns import DnsTarget
+from services.router.observability import RouterTelemetry
 from services.router.registry import RegistryConfig, WorkerRegistry
 from services.router.scheduling.profile import ProfileError, load_profile
 from services.router.service import RouterService, Scheduler
@@ -119,6 +120,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument(
         "--debug-token-file", type=Path, help=f"bearer token for /debug/* (or ${TOKEN_ENV})"
     )
+    telemetry.add_cli_args(p)
     return p
 
 
@@ -167,8 +169,17 @@ async def serve(
 ) -> None:
     registry = WorkerRegistry(RegistryConfig(stale_after_s=args.stale_after_ms / 1000))
     discovery = Discovery(registry=registry, clock=SYSTEM_CLOCK, config=discovery_config(args))
+    tel = telemetry.setup("router", resource_attributes={"meridian.site": args.site})
     service = RouterService(
-        registry=registry, scheduler=scheduler, clock=SYSTEM_CLOCK, site=args.site
+        registry=registry,
+        scheduler=scheduler,
+        clock=SYSTEM_CLOCK,
+        site=args.site,
+        telemetry=RouterTelemetry(
+            tracer=tel.tracer,
+            meter=tel.meter,
+            snapshots=lambda: registry.snapshots(SYSTEM_CLOCK.monotonic()),
+        ),
     )
     health = Health(["meridian.v1.Router"])
     server = new_server()
@@ -182,6 +193,11 @@ async def serve(
     if debug is not None:
         endpoint = DebugEndpoint(config=debug, service=service, membership=discovery.membership)
         ready["debug_port"] = await endpoint.start()
+    metrics_runner = None
+    if args.metrics_port is not None:
+        metrics_runner, ready["metrics_port"] = await telemetry.serve_metrics(
+            tel, args.metrics_host, args.metrics_port
+        )
     await health.set_serving(True)
     runtime.write_ready_file(args.ready_file, ready)
     event(
@@ -201,6 +217,9 @@ async def serve(
         await endpoint.stop()
     await server.stop(grace=1.0)
     await discovery.stop()
+    if metrics_runner is not None:
+        await metrics_runner.cleanup()
+    tel.shutdown()
     event(log, "router.stopped")
 
 
@@ -210,8 +229,10 @@ def main(argv: list[str] | None = None, environ: dict[str, str] | None = None) -
     problem = check_sources(args)
     if problem is not None:
         parser.error(problem)
+    env = dict(os.environ) if environ is None else environ
     try:
-        debug = debug_config(args, dict(os.environ) if environ is None else environ)
+        debug = debug_config(args, env)
+        telemetry.sampler_from_env(env)  # a bad OTEL_TRACES_SAMPLER stops us here
     except ValueError as err:
         parser.error(str(err))
     try:

@@ -27,9 +27,12 @@ from collections.abc import Sequence
 from typing import Any, Protocol
 
 import grpc
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from meridian.v1 import router_pb2, router_pb2_grpc
 from services.common import limits
+from services.common import metric_names as mn
 from services.common.clock import Clock
 from services.common.errors import (
     InvalidRequest,
@@ -41,7 +44,9 @@ from services.common.errors import (
 )
 from services.common.grpcutil import abort_with
 from services.common.logs import event
+from services.common.tracecontext import extract_metadata
 from services.router.journal import DecisionJournal, JournalEntry, PluginTimings
+from services.router.observability import RouterTelemetry
 from services.router.registry import WorkerRegistry
 from services.router.scheduling.types import (
     Decision,
@@ -155,8 +160,10 @@ class RouterService(router_pb2_grpc.RouterServicer):
         site: str = "",
         journal: DecisionJournal | None = None,
         timings: PluginTimings | None = None,
+        telemetry: RouterTelemetry | None = None,
     ) -> None:
         self._registry = registry
+        self.telemetry = telemetry or RouterTelemetry()
         self._scheduler = scheduler
         self._clock = clock
         self._site = site
@@ -202,17 +209,35 @@ class RouterService(router_pb2_grpc.RouterServicer):
         request: router_pb2.RouteRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> router_pb2.RouteResponse:
+        parent = extract_metadata(context.invocation_metadata())
+        with self.telemetry.tracer.start_as_current_span(
+            "router.Route", context=parent, kind=SpanKind.SERVER
+        ) as span:
+            return await self._route(request, context, span)
+
+    async def _route(
+        self,
+        request: router_pb2.RouteRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+        span: trace.Span,
+    ) -> router_pb2.RouteResponse:
         started = time.perf_counter_ns()
         try:
             query = query_from_pb(request)
         except MeridianError as err:
+            span.set_status(Status(StatusCode.ERROR, err.message))
             await abort_with(context, err)
             raise AssertionError("unreachable") from None
+        if span.is_recording():
+            span.set_attribute("meridian.request_id", query.request_id)
+            span.set_attribute(mn.MODEL, query.model)
+            span.set_attribute("meridian.priority", query.priority.name.lower())
         now = self._clock.monotonic()
         decision = self._scheduler.schedule(query, self._registry.snapshots(now))
         self.timings.record(decision.plugin_timings_us)
         if not decision.ranked:
             elapsed_us = (time.perf_counter_ns() - started) / 1000
+            self.telemetry.record(decision, elapsed_us, span)
             self.journal.record(JournalEntry(time.time(), "", query, decision, elapsed_us))
             reason = (decision.empty_reason or NoCandidate.UNAVAILABLE).value
             priority = query.priority.name.lower()
@@ -234,6 +259,8 @@ class RouterService(router_pb2_grpc.RouterServicer):
         winner = decision.ranked[0]
         self._registry.assign(winner.worker.worker_id, decision_id, now)
         elapsed_us = (time.perf_counter_ns() - started) / 1000
+        self.telemetry.record(decision, elapsed_us, span)
+        span.set_attribute("meridian.decision_id", decision_id)
         self.journal.record(JournalEntry(time.time(), decision_id, query, decision, elapsed_us))
         event(
             log,
