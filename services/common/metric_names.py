@@ -62,7 +62,7 @@ def prometheus_name(otel_name: str, unit: str = "", *, counter: bool = False) ->
     """The name the OpenTelemetry Prometheus exporter gives an instrument (dots → underscores,
     unit suffix, ``_total`` on counters), as dashboards must spell it."""
     name = otel_name.replace(".", "_")
-    units = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "1": "ratio"}
+    units = {"s": "seconds", "ms": "milliseconds", "us": "microseconds", "1": ""}
     suffix = "" if unit.startswith("{") else units.get(unit, unit)
     if suffix and not name.endswith(suffix):
         name = f"{name}_{suffix}"

@@ -54,6 +54,7 @@ def _banner(stack: LocalStack, key_file: Path) -> str:
     ep = stack.endpoints
     tls = f"\n  TLS certificate to trust:  {ep.tls_cert}" if ep.tls_cert else ""
     cacert = f"--cacert {ep.tls_cert} " if ep.tls_cert else ""
+    metrics = "  ".join(f"{name}={url}" for name, url in ep.metrics.items())
     rows = "\n".join(
         f"    {w.name:<12} region={w.region:<4} rtt={_rtt(stack, w.region):>5} ms  {w.proxied}"
         for w in ep.workers.values()
@@ -65,7 +66,7 @@ Meridian local stack is up.
   Demo API key:              {ep.demo_key}   (also in {key_file})
   Model:                     {ep.model}{tls}
   Admin API:                 {ep.admin_url}   (token in {stack.run_dir / "secrets" / "admin-token"})
-  Router:                    {ep.router}
+  Router:                    {ep.router}   (debug view: {ep.router_debug_url}/debug/view)
   Redis:                     {ep.redis_url}
   Workers (through the delay proxy):
 {rows}
@@ -75,6 +76,7 @@ Try it:
        -H "Content-Type: application/json" \\
        -d '{{"model": "{ep.model}", "messages": [{{"role": "user", "content": "Hello"}}]}}'
 
+Metrics (Prometheus): {metrics}
 Logs: {stack.run_dir / "logs"}   Ctrl-C stops everything.
 """
 
@@ -86,6 +88,8 @@ def _describe(stack: LocalStack) -> dict[str, object]:
         "edge_url": ep.edge_url,
         "admin_url": ep.admin_url,
         "tls_cert": ep.tls_cert,
+        "router_debug_url": ep.router_debug_url,
+        "metrics": ep.metrics,
         "router": ep.router,
         "redis_url": ep.redis_url,
         "model": ep.model,

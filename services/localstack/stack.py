@@ -29,6 +29,7 @@ from services.localstack.procs import ManagedProcess, ProcessFailed
 from services.localstack.redis_server import RedisServer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+_WITH_METRICS = ("services.edge", "services.router", "services.worker")
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,7 +49,10 @@ class StackEndpoints:
     admin_url: str = ""
     tls_cert: str = ""  # the self-signed certificate clients must trust (tls=True only)
     model: str = ""
+    router_debug_url: str = ""
     workers: dict[str, WorkerEndpoint] = field(default_factory=dict)
+    # Prometheus endpoints by process name (edge, router, each worker).
+    metrics: dict[str, str] = field(default_factory=dict)
 
 
 class LocalStack:
@@ -85,6 +89,8 @@ class LocalStack:
 
     def _proc(self, name: str, module: str, *args: str) -> ManagedProcess:
         ready = self.run_dir / f"{name}.ready"
+        if module in _WITH_METRICS:
+            args = (*args, "--metrics-port", "0")
         return ManagedProcess(
             name=name,
             argv=[self._python, "-m", module, "--ready-file", str(ready), *args],
@@ -111,6 +117,10 @@ class LocalStack:
         except BaseException:
             await self.stop()
             raise
+        for proc in self.processes():
+            port = proc.ready_info.get("metrics_port")
+            if port:
+                self.endpoints.metrics[proc.name] = f"http://127.0.0.1:{port}/metrics"
         return self.endpoints
 
     async def _start_redis(self) -> None:
@@ -192,7 +202,7 @@ class LocalStack:
             )
 
     async def _start_router(self) -> None:
-        args = ["--site", self.config.site, "--log-level", self._log_level]
+        args = ["--site", self.config.site, "--log-level", self._log_level, "--debug-port", "0"]
         for ep in self.endpoints.workers.values():
             args += ["--worker", ep.proxied]
         if self._router_profile is not None:
@@ -201,6 +211,8 @@ class LocalStack:
         await self.router.start()
         info = await self.router.wait_ready(15.0)
         self.endpoints.router = f"127.0.0.1:{info['port']}"
+        if info.get("debug_port"):
+            self.endpoints.router_debug_url = f"http://127.0.0.1:{info['debug_port']}"
 
     def _secret(self, name: str, make: Callable[[], str]) -> Path:
         """A secret in run_dir/secrets (0600), created once and kept across restarts."""

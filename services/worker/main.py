@@ -13,16 +13,18 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import os
 import re
 import sys
 from pathlib import Path
 
 from meridian.v1 import worker_pb2_grpc
-from services.common import logs, runtime
+from services.common import logs, runtime, telemetry
 from services.common.grpcutil import Health, new_server
 from services.common.logs import event
 from services.worker.engine import Engine
 from services.worker.engines import ENGINE_NAMES, EngineConfigError, build_engine
+from services.worker.observability import WorkerTelemetry
 from services.worker.service import WorkerService
 
 log = logging.getLogger("meridian.worker")
@@ -94,15 +96,27 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override one SimConfig field (repeatable)",
     )
+    telemetry.add_cli_args(p)
     return p
 
 
 async def serve(args: argparse.Namespace, engine: Engine, stop: asyncio.Event) -> None:
+    tel = telemetry.setup(
+        "worker",
+        resource_attributes={"meridian.region": args.region, "meridian.worker": args.worker_id},
+    )
     service = WorkerService(
         engine=engine,
         worker_id=args.worker_id,
         region=args.region,
         report_interval_s=args.report_interval_ms / 1000,
+        telemetry=WorkerTelemetry(
+            tracer=tel.tracer,
+            meter=tel.meter,
+            worker_id=args.worker_id,
+            region=args.region,
+            load=engine.load,
+        ),
     )
     health = Health(["meridian.v1.Worker"])
     server = new_server()
@@ -111,7 +125,13 @@ async def serve(args: argparse.Namespace, engine: Engine, stop: asyncio.Event) -
     port = server.add_insecure_port(f"{args.host}:{args.port}")
     await server.start()
     await health.set_serving(False)
-    runtime.write_ready_file(args.ready_file, {"port": port, "host": args.host})
+    ready: dict[str, object] = {"port": port, "host": args.host}
+    metrics_runner = None
+    if args.metrics_port is not None:
+        metrics_runner, ready["metrics_port"] = await telemetry.serve_metrics(
+            tel, args.metrics_host, args.metrics_port
+        )
+    runtime.write_ready_file(args.ready_file, ready)
     event(log, "worker.listening", port=port, engine=engine.name, region=args.region)
 
     async def load_engine() -> None:
@@ -135,6 +155,9 @@ async def serve(args: argparse.Namespace, engine: Engine, stop: asyncio.Event) -
     await health.shutdown()
     await server.stop(grace=1.0)
     await engine.shutdown()
+    if metrics_runner is not None:
+        await metrics_runner.cleanup()
+    tel.shutdown()
     event(log, "worker.stopped", aborted=aborted)
 
 
@@ -143,8 +166,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logs.configure("worker", args.log_level)
     try:
+        telemetry.sampler_from_env(os.environ)  # a bad OTEL_TRACES_SAMPLER stops us here
         engine = build_engine(args)
-    except EngineConfigError as err:
+    except (EngineConfigError, ValueError) as err:
         parser.error(str(err))
     runtime.run(lambda stop: serve(args, engine, stop))
     return 0

@@ -17,13 +17,18 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import grpc
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from meridian.v1 import worker_pb2, worker_pb2_grpc
-from services.common.errors import MeridianError, ModelNotFound, Unavailable
+from services.common import metric_names as mn
+from services.common.errors import InvalidRequest, MeridianError, ModelNotFound, Unavailable
 from services.common.grpcutil import abort_with
 from services.common.logs import event
+from services.common.tracecontext import extract_metadata
 from services.worker import convert
-from services.worker.engine import Engine, ModelState
+from services.worker.engine import Engine, EngineOutput, ModelState
+from services.worker.observability import WorkerTelemetry
 
 log = logging.getLogger("meridian.worker")
 
@@ -40,8 +45,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         region: str,
         version: str = "0.1.0",
         report_interval_s: float = 0.1,
+        telemetry: WorkerTelemetry | None = None,
     ) -> None:
         self._engine = engine
+        self.telemetry = telemetry or WorkerTelemetry()
         self._worker_id = worker_id
         self._region = region
         self._version = version
@@ -72,49 +79,98 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         request: worker_pb2.GenerateRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[worker_pb2.GenerateChunk]:
+        arrived = time.monotonic()
+        # Started, not attached: the handler yields across awaits; the span is made current
+        # only around the log lines (trace ids) and ended explicitly.
+        span = self.telemetry.tracer.start_span(
+            "worker.Generate",
+            context=extract_metadata(context.invocation_metadata()),
+            kind=SpanKind.SERVER,
+            attributes={
+                "meridian.request_id": request.request_id[:128],
+                mn.MODEL: request.model[:256],
+                mn.WORKER: self._worker_id,
+                mn.REGION: self._region,
+            },
+        )
         try:
             self._admit(request.model)
             engine_request = convert.request_from_pb(request)
+            if engine_request.request_id in self._inflight:
+                raise InvalidRequest(
+                    f"request_id {engine_request.request_id!r} is already running",
+                    param="request_id",
+                )
         except MeridianError as err:
-            event(log, "generate.rejected", request_id=request.request_id, reason=err.message)
+            span.set_status(Status(StatusCode.ERROR, err.message))
+            span.end()
+            with trace.use_span(span, end_on_exit=False):
+                event(log, "generate.rejected", request_id=request.request_id, reason=err.message)
             await abort_with(context, err)
             return
         task = asyncio.current_task()
-        if engine_request.request_id in self._inflight:
-            await abort_with(
-                context,
-                MeridianError(f"request_id {engine_request.request_id!r} is already running"),
-            )
-            return
         assert task is not None
         self._inflight[engine_request.request_id] = task
         self._idle.clear()
-        started = time.monotonic()
-        completion_tokens = 0
+        first_at: float | None = None
+        last_at: float | None = None
+        queue_ms: float | None = None
+        last: EngineOutput | None = None
         finish = "cancelled"
         try:
             async with contextlib.aclosing(self._engine.generate(engine_request)) as outputs:
                 async for out in outputs:
-                    completion_tokens = out.completion_tokens
+                    last = out
+                    if out.text or out.token_ids:
+                        last_at = time.monotonic()
+                        if first_at is None:
+                            first_at = last_at
+                            queue_ms = out.queue_ms
+                            span.add_event(
+                                "first_token",
+                                {
+                                    "meridian.queue_ms": out.queue_ms or 0.0,
+                                    "meridian.prefill_ms": out.prefill_ms or 0.0,
+                                },
+                            )
                     if out.finish_reason is not None:
                         finish = out.finish_reason.value
                     yield convert.chunk_to_pb(out)
         except MeridianError as err:
             finish = "error"
+            span.set_status(Status(StatusCode.ERROR, err.message))
             await abort_with(context, err)
         finally:
             self._inflight.pop(engine_request.request_id, None)
             if not self._inflight:
                 self._idle.set()
-            event(
-                log,
-                "generate.done",
-                request_id=engine_request.request_id,
+            prompt_tokens = last.prompt_tokens if last else 0
+            completion_tokens = last.completion_tokens if last else 0
+            self.telemetry.record(
                 model=engine_request.model,
                 finish=finish,
+                arrived=arrived,
+                first_token_at=first_at,
+                last_token_at=last_at,
+                queue_ms=queue_ms,
+                prompt_tokens=prompt_tokens,
                 completion_tokens=completion_tokens,
-                duration_ms=round((time.monotonic() - started) * 1000, 2),
             )
+            span.set_attribute(mn.FINISH, finish)
+            span.set_attribute("gen_ai.usage.input_tokens", prompt_tokens)
+            span.set_attribute("gen_ai.usage.output_tokens", completion_tokens)
+            span.set_attribute("meridian.aborted", finish in ("cancelled", "abort"))
+            with trace.use_span(span, end_on_exit=True):
+                event(
+                    log,
+                    "generate.done",
+                    request_id=engine_request.request_id,
+                    model=engine_request.model,
+                    finish=finish,
+                    completion_tokens=completion_tokens,
+                    ttft_ms=None if first_at is None else round((first_at - arrived) * 1000, 2),
+                    duration_ms=round((time.monotonic() - arrived) * 1000, 2),
+                )
 
     async def Describe(
         self,
