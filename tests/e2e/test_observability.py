@@ -14,6 +14,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from services.common import metric_names as mn
 from services.localstack.config import load_stack_config, parse_stack_config
 from services.localstack.stack import REPO_ROOT, LocalStack
+from tests.support.dashboards import dashboard_metric_names
 from tests.support.otlp import OtlpReceiver
 from tests.support.wait import eventually
 
@@ -146,6 +147,7 @@ async def test_prometheus_endpoints_move_with_traffic(
     assert await chat(stack, stream=True) == 200
     bad = await asyncio.gather(*(chat_with_bad_key(stack) for _ in range(2)))
     assert bad == [401, 401]
+    assert await chat_unknown_model(stack) == 404  # an empty router decision
 
     edge = await scrape(metrics["edge"])
     assert total(edge, f"{ttft}_count") - total(before_edge, f"{ttft}_count") == 4
@@ -167,6 +169,35 @@ async def test_prometheus_endpoints_move_with_traffic(
     )
     assert total(worker, "meridian_worker_running") == 0
     assert mn.prometheus_name(mn.WORKER_KV_CACHE, "1") in worker
+
+
+async def test_the_dashboard_queries_metrics_the_services_really_export(
+    traced_stack: tuple[LocalStack, OtlpReceiver],
+) -> None:
+    stack, _ = traced_stack
+    assert await chat(stack, stream=True) == 200
+    assert await chat_unknown_model(stack) == 404
+    exported: set[str] = set()
+    for url in stack.endpoints.metrics.values():
+        for name in await scrape(url):
+            exported.add(name)
+            for suffix in ("_bucket", "_count", "_sum"):
+                if name.endswith(suffix):
+                    exported.add(name[: -len(suffix)])
+    missing = dashboard_metric_names() - exported
+    assert not missing, f"the Grafana dashboard queries metrics nobody exports: {missing}"
+
+
+async def chat_unknown_model(stack: LocalStack) -> int:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{stack.endpoints.edge_url}/v1/chat/completions",
+            json={"model": "no-such-model", "messages": [{"role": "user", "content": "x"}]},
+            headers={"Authorization": f"Bearer {stack.endpoints.demo_key}"},
+        ) as resp,
+    ):
+        return resp.status
 
 
 async def chat_with_bad_key(stack: LocalStack) -> int:
