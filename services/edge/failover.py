@@ -7,9 +7,9 @@ with the tried workers excluded. Errors that no other worker would fix (a bad re
 attempt at once. After the first token the stream belongs to that worker; a failure then is
 reported to the client as a stream error.
 
-Failed and refused attempts are reported to the router (fire and forget), which feeds its
-failure ejection. Successes and cancellations are not: the worker's next load report already
-accounts for them, and one RPC less per request is measurable edge and router CPU.
+Every attempt's outcome is reported to the router (fire and forget, batched by the router
+client): it releases the request's in-flight slot at once (short requests would otherwise count
+as in flight until a load report covers them) and feeds failure ejection.
 
 Each attempt is a CLIENT span ``edge.attempt`` (worker, region, attempt number) whose context
 travels in the Generate call's metadata, so the worker's span is its child; the first token is
@@ -128,15 +128,15 @@ class UpstreamStream:
         self._span.set_attribute(mn.OUTCOME, router_pb2.Outcome.Name(outcome))
         if outcome == router_pb2.OUTCOME_FAILED:
             self._span.set_status(Status(StatusCode.ERROR, "worker failed mid-stream"))
-            self._router.report_outcome(
-                router_pb2.OutcomeReport(
-                    decision_id=self.decision_id,
-                    worker_id=self.candidate.worker_id,
-                    outcome=outcome,
-                    ttft_ms=self.ttft_ms,
-                    completion_tokens=self.completion_tokens,
-                )
+        self._router.report_outcome(
+            router_pb2.OutcomeReport(
+                decision_id=self.decision_id,
+                worker_id=self.candidate.worker_id,
+                outcome=outcome,
+                ttft_ms=self.ttft_ms,
+                completion_tokens=self.completion_tokens,
             )
+        )
         self._span.end()
 
 
@@ -237,8 +237,8 @@ async def _attempt(
     )
     with trace.use_span(span, end_on_exit=False):
         call = workers.generate(cand.address, generate, timeout_s=None, metadata=inject_metadata())
-    # What to tell the router if this attempt does not become a stream (None: nothing).
-    outcome: Outcome | None = None
+    # What to tell the router if this attempt does not become a stream.
+    outcome: Outcome = router_pb2.OUTCOME_CANCELLED
     failed = True
     try:
         first = await asyncio.wait_for(call.read(), policy.first_token_timeout_s)
@@ -263,7 +263,7 @@ async def _attempt(
     except grpc.aio.AioRpcError as err:
         mapped = _stream_error(err)
         if not is_retryable_elsewhere(mapped):
-            outcome = None  # the request's fault, not the worker's
+            outcome = router_pb2.OUTCOME_CANCELLED  # the request's fault, not the worker's
         elif err.trailing_metadata() and err.code() in _REFUSALS:
             outcome = router_pb2.OUTCOME_REJECTED  # the worker said no (busy, draining)
         else:
@@ -275,12 +275,11 @@ async def _attempt(
             call.cancel()
             span.set_status(Status(StatusCode.ERROR))
             span.end()
-            if outcome is not None:
-                router.report_outcome(
-                    router_pb2.OutcomeReport(
-                        decision_id=decision_id, worker_id=cand.worker_id, outcome=outcome
-                    )
+            router.report_outcome(
+                router_pb2.OutcomeReport(
+                    decision_id=decision_id, worker_id=cand.worker_id, outcome=outcome
                 )
+            )
 
 
 _REFUSALS = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)

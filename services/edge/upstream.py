@@ -52,10 +52,24 @@ class RouterLike(Protocol):
 
 
 class RouterClient:
-    def __init__(self, address: str, *, timeout_s: float = 2.0) -> None:
+    """Route and ListModels/GetView calls; outcome reports are batched (see
+    :meth:`report_outcome`)."""
+
+    def __init__(
+        self,
+        address: str,
+        *,
+        timeout_s: float = 2.0,
+        outcome_flush_s: float = 0.02,
+        max_outcome_batch: int = 512,
+    ) -> None:
         self._channel = insecure_channel(address)
         self._stub = router_pb2_grpc.RouterStub(self._channel)
         self._timeout_s = timeout_s
+        self._outcome_flush_s = outcome_flush_s
+        self._max_outcome_batch = max_outcome_batch
+        self._outcomes: list[router_pb2.OutcomeReport] = []
+        self._flush_handle: asyncio.TimerHandle | None = None
         self._background: set[asyncio.Task[None]] = set()
 
     async def route(self, request: router_pb2.RouteRequest) -> RouteResult:
@@ -97,17 +111,35 @@ class RouterClient:
         return len(models.models) > 0
 
     def report_outcome(self, report: router_pb2.OutcomeReport) -> None:
-        """Fire and forget: the client's response never waits on the router."""
+        """Fire and forget, batched: reports wait at most ``outcome_flush_s`` and leave in one
+        ``ReportOutcomes`` call, so a busy edge makes one RPC per interval, not per request.
+        The client's response never waits on the router."""
+        self._outcomes.append(report)
+        if len(self._outcomes) >= self._max_outcome_batch:
+            self._flush()
+        elif self._flush_handle is None:
+            loop = asyncio.get_running_loop()
+            self._flush_handle = loop.call_later(self._outcome_flush_s, self._flush)
+
+    def _flush(self) -> None:
+        if self._flush_handle is not None:
+            self._flush_handle.cancel()
+            self._flush_handle = None
+        if not self._outcomes:
+            return
+        batch = router_pb2.OutcomeBatch(reports=self._outcomes)
+        self._outcomes = []
 
         async def send() -> None:
             with contextlib.suppress(grpc.aio.AioRpcError):
-                await self._stub.ReportOutcome(report, timeout=self._timeout_s)
+                await self._stub.ReportOutcomes(batch, timeout=self._timeout_s)
 
         task = asyncio.create_task(send())
         self._background.add(task)
         task.add_done_callback(self._background.discard)
 
     async def close(self) -> None:
+        self._flush()
         if self._background:
             await asyncio.wait(self._background, timeout=1.0)
         await self._channel.close(grace=None)

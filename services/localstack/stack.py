@@ -12,7 +12,7 @@ import asyncio
 import os
 import ssl
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -69,6 +69,7 @@ class LocalStack:
         log_level: str = "info",
         python: str = sys.executable,
         tls: bool = False,
+        edge_args: Sequence[str] = (),
     ) -> None:
         self.config = config
         self.run_dir = run_dir
@@ -80,6 +81,7 @@ class LocalStack:
         self._log_level = log_level
         self._python = python
         self.tls = tls
+        self._edge_args = tuple(edge_args)  # extra edge flags (benchmarks lift per-IP limits)
         self.redis: RedisServer | None = None
         self.workers: dict[str, ManagedProcess] = {}
         self.netem: ManagedProcess | None = None
@@ -255,6 +257,7 @@ class LocalStack:
             "0",
             "--admin-token-file",
             str(self._secret("admin-token", new_pepper)),
+            *self._edge_args,
         ]
         if self.tls:
             cert, key = self.run_dir / "tls" / "edge.crt", self.run_dir / "tls" / "edge.key"

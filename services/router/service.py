@@ -63,6 +63,9 @@ MAX_PREFIX_HASHES = 256
 MAX_LIST_ITEMS = 64
 
 
+MAX_OUTCOMES_PER_BATCH = 4096
+
+
 class Scheduler(Protocol):
     name: str
 
@@ -281,11 +284,30 @@ class RouterService(router_pb2_grpc.RouterServicer):
         request: router_pb2.OutcomeReport,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> router_pb2.OutcomeAck:
-        failed = request.outcome == router_pb2.OUTCOME_FAILED
-        self._registry.on_outcome(
-            request.worker_id, request.decision_id, failed, self._clock.monotonic()
-        )
+        self._outcome(request, self._clock.monotonic())
         return router_pb2.OutcomeAck()
+
+    async def ReportOutcomes(
+        self,
+        request: router_pb2.OutcomeBatch,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> router_pb2.OutcomeAck:
+        if len(request.reports) > MAX_OUTCOMES_PER_BATCH:
+            await abort_with(
+                context,
+                InvalidRequest(
+                    f"at most {MAX_OUTCOMES_PER_BATCH} outcomes per batch", param="reports"
+                ),
+            )
+        now = self._clock.monotonic()
+        for report in request.reports:
+            self._outcome(report, now)
+        return router_pb2.OutcomeAck()
+
+    def _outcome(self, report: router_pb2.OutcomeReport, now: float) -> None:
+        """An attempt ended: release its in-flight slot; a failure counts towards ejection."""
+        failed = report.outcome == router_pb2.OUTCOME_FAILED
+        self._registry.on_outcome(report.worker_id, report.decision_id, failed, now)
 
     async def ListModels(
         self,

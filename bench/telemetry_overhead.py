@@ -1,0 +1,148 @@
+"""What do traces and metrics cost the edge? Throughput of the full path with telemetry
+disabled (the SDK off: no-op tracer and meter), with tracing off but metrics on, and with
+tracing at 100 % sampling exporting OTLP to a live receiver.
+
+    .venv/bin/python -m bench.telemetry_overhead [--requests 600] [--concurrency 16] [--rounds 3]
+
+Each mode starts its own stack (Redis, one simulated worker at 1/100 of real speed so the edge
+is the bottleneck, the router, the edge), runs the same non-streaming workload, and the modes
+are interleaved over several rounds so the machine's noise is shared. Prints requests/s per
+mode (best of the rounds) and the cost relative to the disabled baseline.
+
+Goal (issue 6): tracing at 100 % costs ≤ 10 % of edge throughput; off, ≤ 1 %.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import grpc
+from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+
+from services.localstack.config import parse_stack_config
+from services.localstack.stack import LocalStack
+
+MODES: dict[str, dict[str, str]] = {
+    "disabled": {"OTEL_SDK_DISABLED": "true"},
+    "metrics only": {"OTEL_TRACES_SAMPLER": "always_off"},
+    "traces 100%": {"OTEL_TRACES_SAMPLER": "parentbased_always_on"},
+}
+
+
+class Sink(trace_service_pb2_grpc.TraceServiceServicer):
+    """Accepts OTLP spans and counts them (what a collector costs the sender)."""
+
+    def __init__(self) -> None:
+        self.spans = 0
+
+    async def Export(
+        self, request: trace_service_pb2.ExportTraceServiceRequest, context: Any
+    ) -> trace_service_pb2.ExportTraceServiceResponse:
+        self.spans += sum(len(ss.spans) for rs in request.resource_spans for ss in rs.scope_spans)
+        return trace_service_pb2.ExportTraceServiceResponse()
+
+
+async def run_mode(env: dict[str, str], args: argparse.Namespace, endpoint: str) -> float:
+    saved = dict(os.environ)
+    os.environ.update(env)
+    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
+    os.environ["OTEL_EXPORTER_OTLP_INSECURE"] = "true"
+    config = parse_stack_config(
+        {
+            "regions": {"kr": {"rtt_ms": 0, "workers": 1}},
+            "sim": {"time_scale": 0.01, "output_len_min": 8, "output_len_max": 8},
+        }
+    )
+    run_dir = Path(tempfile.mkdtemp(prefix="meridian-otel-bench-"))
+    stack = LocalStack(
+        config=config,
+        run_dir=run_dir,
+        edge_port=0,
+        log_level="warning",
+        # One client IP sends everything: lift the per-IP abuse limits for the benchmark.
+        edge_args=(
+            "--ip-requests-per-s",
+            "0",
+            "--max-streams-per-ip",
+            "10000",
+            "--max-connections-per-ip",
+            "10000",
+        ),
+    )
+    try:
+        await stack.start()
+    finally:
+        os.environ.clear()
+        os.environ.update(saved)
+    url = f"{stack.endpoints.edge_url}/v1/chat/completions"
+    headers = {"Authorization": f"Bearer {stack.endpoints.demo_key}"}
+    body = {
+        "model": stack.endpoints.model,
+        "messages": [{"role": "user", "content": "How fast is the edge?"}],
+        "max_tokens": 8,
+    }
+    try:
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=args.concurrency)
+        ) as http:
+
+            async def one() -> None:
+                async with http.post(url, json=body, headers=headers) as resp:
+                    await resp.read()
+                    if resp.status != 200:
+                        raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
+
+            for _ in range(20):
+                await one()
+            queue = iter(range(args.requests))
+
+            async def lane() -> None:
+                for _ in queue:
+                    await one()
+
+            start = time.perf_counter()
+            await asyncio.gather(*(lane() for _ in range(args.concurrency)))
+            return args.requests / (time.perf_counter() - start)
+    finally:
+        await stack.stop()
+
+
+async def main(args: argparse.Namespace) -> None:
+    sink = Sink()
+    server = grpc.aio.server()
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(sink, server)
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    results: dict[str, list[float]] = {m: [] for m in MODES}
+    for rnd in range(args.rounds):
+        for mode, env in MODES.items():
+            rps = await run_mode(env, args, f"http://127.0.0.1:{port}")
+            results[mode].append(rps)
+            print(f"round {rnd + 1} {mode:<13} {rps:8.0f} req/s", file=sys.stderr, flush=True)
+    await server.stop(0)
+    del server
+    base = max(results["disabled"])
+    print(f"\n{'mode':<14} {'req/s (best)':>12} {'all rounds':>28} {'cost vs disabled':>17}")
+    for mode, values in results.items():
+        best = max(values)
+        rounds = " ".join(f"{v:.0f}" for v in values)
+        print(f"{mode:<14} {best:>12.0f} {rounds:>28} {(1 - best / base) * 100:>16.1f}%")
+    print(f"\nspans received by the OTLP sink: {sink.spans}")
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--requests", type=int, default=600)
+    parser.add_argument("--concurrency", type=int, default=16)
+    parser.add_argument("--rounds", type=int, default=3)
+    asyncio.run(main(parser.parse_args()))
