@@ -9,6 +9,8 @@ and keep separate registries). Configuration follows the standard ``OTEL_*`` var
   ``0.1``; ``always_off`` turns tracing off while keeping metrics;
 - ``OTEL_EXPORTER_OTLP_ENDPOINT`` (or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`` /
   ``…_METRICS_ENDPOINT``) — where OTLP/gRPC goes; unset: no OTLP export;
+- ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER`` — ``none`` stops OTLP export of that
+  signal even with an endpoint set (metrics stay on the Prometheus endpoint);
 - ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` — resource identity.
 
 Metrics are always readable on the service's Prometheus endpoint (:func:`metrics_app`).
@@ -151,6 +153,12 @@ def _env_flag(env: Mapping[str, str], name: str) -> bool:
     return env.get(name, "").strip().lower() in {"1", "true", "yes", "on"}
 
 
+def _exporter_on(env: Mapping[str, str], name: str) -> bool:
+    """OTLP export of a signal is on unless its OTEL_*_EXPORTER says otherwise."""
+    values = {v.strip().lower() for v in env.get(name, "otlp").split(",")}
+    return "otlp" in values
+
+
 def sampler_from_env(env: Mapping[str, str]) -> Sampler:
     """The OTEL_TRACES_SAMPLER family, parent-based by default (honours an incoming
     ``traceparent``'s sampled flag)."""
@@ -234,7 +242,7 @@ def setup(
     metrics_endpoint = env.get("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT") or env.get(
         "OTEL_EXPORTER_OTLP_ENDPOINT"
     )
-    if metrics_endpoint:
+    if metrics_endpoint and _exporter_on(env, "OTEL_METRICS_EXPORTER"):
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=metrics_endpoint)))
@@ -253,7 +261,7 @@ def setup(
         traces_endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
             "OTEL_EXPORTER_OTLP_ENDPOINT"
         )
-        if traces_endpoint:
+        if traces_endpoint and _exporter_on(env, "OTEL_TRACES_EXPORTER"):
             from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
 
             tracer_provider.add_span_processor(

@@ -44,15 +44,26 @@ class TerminalStage(Protocol):
     async def __call__(self, ctx: ChatContext) -> web.StreamResponse: ...
 
 
+#: Stages that get their own span: the ones that wait on something (Redis, the router).
+#: The others are pure CPU measured in microseconds; a span each would cost more than they do
+#: (bench/telemetry_overhead.py), and their time shows as the gaps between these spans.
+TRACED_STAGES: frozenset[str] = frozenset({"authenticate", "admit", "route"})
+
+
 def build_chain(
-    stages: Sequence[Stage], terminal: TerminalStage, *, tracer: trace.Tracer | None = None
+    stages: Sequence[Stage],
+    terminal: TerminalStage,
+    *,
+    tracer: trace.Tracer | None = None,
+    traced: frozenset[str] = TRACED_STAGES,
 ) -> Next:
     """Compose ``stages`` (outermost first) around ``terminal``.
 
     Stages must appear in :data:`CHAT_STAGE_ORDER`'s order; optional stages may be left out.
-    With a ``tracer``, each stage gets a span ``edge.<name>`` covering its *own* work: the span
-    ends when the stage hands over to the next one, and the next stage's span is a sibling under
-    the request's span (not nested ever deeper), so a trace reads as the pipeline does.
+    With a ``tracer``, each stage named in ``traced`` gets a span ``edge.<name>`` covering its
+    *own* work: the span ends when the stage hands over to the next one, and the next stage's
+    span is a sibling under the request's span (not nested ever deeper), so a trace reads as the
+    pipeline does. The terminal stage's attempts have spans of their own (edge.attempt).
     """
     names = [s.name for s in stages] + [terminal.name]
     unknown = [n for n in names if n not in CHAT_STAGE_ORDER]
@@ -64,14 +75,14 @@ def build_chain(
     if terminal.name != CHAT_STAGE_ORDER[-1]:
         raise ValueError(f"the terminal stage must be {CHAT_STAGE_ORDER[-1]!r}")
 
-    if tracer is None or isinstance(tracer, trace.NoOpTracer):
-        handler: Next = terminal.__call__
-        for stage in reversed(stages):
-            handler = _bind(stage, handler)
-        return handler
-    handler = _traced_terminal(terminal, tracer)
+    tracing = tracer is not None and not isinstance(tracer, trace.NoOpTracer)
+    handler: Next = terminal.__call__
     for stage in reversed(stages):
-        handler = _bind_traced(stage, handler, tracer)
+        if tracing and stage.name in traced:
+            assert tracer is not None
+            handler = _bind_traced(stage, handler, tracer)
+        else:
+            handler = _bind(stage, handler)
     return handler
 
 
@@ -111,15 +122,5 @@ def _bind_traced(stage: Stage, call_next: Next, tracer: trace.Tracer) -> Next:
         finally:
             if not handed_over:
                 span.end()
-
-    return run
-
-
-def _traced_terminal(terminal: TerminalStage, tracer: trace.Tracer) -> Next:
-    span_name = f"edge.{terminal.name}"
-
-    async def run(ctx: ChatContext) -> web.StreamResponse:
-        with tracer.start_as_current_span(span_name):
-            return await terminal(ctx)
 
     return run
