@@ -47,6 +47,24 @@ def test_prefix_affinity_scores_the_worker_that_served_the_longest_matching_pref
         assert scorer.score(query, ROWS) == pytest.approx(expected), query.prefix_hashes
 
 
+@pytest.mark.parametrize(
+    ("rtts", "expected"),
+    [
+        ({"a": 5.0, "b": 4.0}, {"a": 1.0}),  # a little further: affinity counts
+        ({"a": 140.0, "b": 4.0}, {"a": 0.0}),  # an ocean away: not worth the trip
+        ({"a": 34.0, "b": 4.0}, {"a": 1.0}),  # exactly at the 30 ms allowance
+        ({"a": None, "b": 4.0}, {"a": 1.0}),  # unmeasured: no evidence it is far
+    ],
+)
+def test_prefix_affinity_does_not_pull_requests_to_far_regions(
+    rtts: dict[str, float | None], expected: dict[str, float]
+) -> None:
+    scorer = PrefixAffinityScorer(clock=ManualClock(), max_extra_rtt_ms=30)
+    scorer.observe(prompt(1, 2), decided("a"))
+    rows = Candidates([w(wid, rtt_ms=rtt) for wid, rtt in rtts.items()])
+    assert scorer.score(prompt(1, 2), rows) == expected
+
+
 def test_prefix_affinity_detail_names_matched_blocks() -> None:
     scorer = PrefixAffinityScorer(clock=ManualClock())
     scorer.observe(prompt(1, 2), decided("a"))

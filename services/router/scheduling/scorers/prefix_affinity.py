@@ -17,8 +17,15 @@ State (updated by ``observe`` for each decision's primary worker): an LRU map fr
 to (worker id, expiry), bounded by ``max_entries`` (oldest dropped first) and expiring after
 ``ttl_s`` (engines evict cold blocks too). Memory ≈ 150 bytes per entry.
 
-Input: ``query.prefix_hashes``. Parameters: ``max_entries`` (≥ 1, default 200000), ``ttl_s``
-(> 0, default 600), ``max_blocks`` (≥ 1, default 128: longer prompts use their first blocks).
+Distance gate: a cached prefix saves prefill (milliseconds per thousand tokens on a GPU); a
+far region costs its whole extra round trip on the first token. A worker whose measured RTT is
+more than ``max_extra_rtt_ms`` above the nearest candidate's scores 0 here, so affinity tips
+choices between nearby workers but never pulls a request across an ocean for a warm cache
+(bench/routing_quality.py showed the p99 tail that came from exactly that).
+
+Input: ``query.prefix_hashes``, the candidates' ``rtt_ms``. Parameters: ``max_entries`` (≥ 1,
+default 200000), ``ttl_s`` (> 0, default 600), ``max_blocks`` (≥ 1, default 128: longer prompts
+use their first blocks), ``max_extra_rtt_ms`` (≥ 0, default 30; 0 allows only the nearest).
 """
 
 from __future__ import annotations
@@ -35,7 +42,7 @@ from services.router.scheduling.types import Decision, RouteQuery, WorkerSnapsho
 
 class PrefixAffinityScorer(Scorer, PostPick):
     TYPE: ClassVar[str] = "prefix-affinity"
-    __slots__ = ("_clock", "_entries", "max_blocks", "max_entries", "ttl_s")
+    __slots__ = ("_clock", "_entries", "max_blocks", "max_entries", "max_extra_rtt_ms", "ttl_s")
 
     def __init__(
         self,
@@ -44,8 +51,11 @@ class PrefixAffinityScorer(Scorer, PostPick):
         max_entries: int = 200_000,
         ttl_s: float = 600.0,
         max_blocks: int = 128,
+        max_extra_rtt_ms: float = 30.0,
     ) -> None:
         require(max_entries >= 1, "max_entries", "must be >= 1")
+        require(max_extra_rtt_ms >= 0, "max_extra_rtt_ms", "must be >= 0")
+        self.max_extra_rtt_ms = max_extra_rtt_ms
         check_positive(ttl_s, "ttl_s")
         require(max_blocks >= 1, "max_blocks", "must be >= 1")
         self.max_entries = max_entries
@@ -61,6 +71,7 @@ class PrefixAffinityScorer(Scorer, PostPick):
             max_entries=params.integer("max_entries", 200_000),
             ttl_s=params.number("ttl_s", 600.0),
             max_blocks=params.integer("max_blocks", 128),
+            max_extra_rtt_ms=params.number("max_extra_rtt_ms", 30.0),
         )
 
     def __len__(self) -> int:
@@ -84,15 +95,30 @@ class PrefixAffinityScorer(Scorer, PostPick):
         hashes = query.prefix_hashes
         if not hashes:
             return {}
+        matches = self._matches(hashes)
+        if not matches:
+            return {}
         n = min(len(hashes), self.max_blocks)
-        return {wid: m / n for wid, m in self._matches(hashes).items()}
+        nearest = min((w.rtt_ms for w in candidates if w.rtt_ms is not None), default=None)
+        out = {}
+        for wid, m in matches.items():
+            worker = candidates.get(wid)
+            if worker is None:
+                continue
+            too_far = (
+                nearest is not None
+                and worker.rtt_ms is not None
+                and worker.rtt_ms > nearest + self.max_extra_rtt_ms
+            )
+            out[wid] = 0.0 if too_far else m / n
+        return out
 
     def detail(self, query: RouteQuery, worker: WorkerSnapshot) -> str:
         n = min(len(query.prefix_hashes), self.max_blocks)
         if not n:
             return "no prefix"
         m = self._matches(query.prefix_hashes).get(worker.worker_id, 0)
-        return f"prefix={m}/{n} blocks"
+        return f"prefix={m}/{n} blocks"  # the distance gate shows as a 0 score
 
     def observe(self, query: RouteQuery, decision: Decision) -> None:
         if not decision.ranked or not query.prefix_hashes:
