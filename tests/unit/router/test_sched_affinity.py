@@ -165,3 +165,12 @@ def test_session_memory_is_bounded() -> None:
     assert len(scorer) == 2
     assert scorer.holder("s1") is None
     assert scorer.holder("s3") == "a"
+
+
+def test_session_affinity_lets_a_conversation_leave_a_far_region() -> None:
+    scorer = SessionAffinityScorer(clock=ManualClock(), max_extra_rtt_ms=50)
+    scorer.observe(prompt(session="s1"), decided("a"))
+    near = Candidates([w("a", rtt_ms=40.0), w("b", rtt_ms=4.0)])
+    far = Candidates([w("a", rtt_ms=140.0), w("b", rtt_ms=4.0)])
+    assert scorer.score(prompt(session="s1"), near) == {"a": 1.0}
+    assert scorer.score(prompt(session="s1"), far) == {}

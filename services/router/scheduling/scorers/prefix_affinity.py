@@ -17,15 +17,15 @@ State (updated by ``observe`` for each decision's primary worker): an LRU map fr
 to (worker id, expiry), bounded by ``max_entries`` (oldest dropped first) and expiring after
 ``ttl_s`` (engines evict cold blocks too). Memory ≈ 150 bytes per entry.
 
-Distance gate: a cached prefix saves prefill (milliseconds per thousand tokens on a GPU); a
-far region costs its whole extra round trip on the first token. A worker whose measured RTT is
-more than ``max_extra_rtt_ms`` above the nearest candidate's scores 0 here, so affinity tips
+Distance gate (:mod:`..distance`): a cached prefix saves prefill (milliseconds per thousand
+tokens on a GPU); a far region costs its whole extra round trip on the first token. A worker
+more than ``max_extra_rtt_ms`` beyond the nearest candidate scores 0 here, so affinity tips
 choices between nearby workers but never pulls a request across an ocean for a warm cache
 (bench/routing_quality.py showed the p99 tail that came from exactly that).
 
 Input: ``query.prefix_hashes``, the candidates' ``rtt_ms``. Parameters: ``max_entries`` (≥ 1,
 default 200000), ``ttl_s`` (> 0, default 600), ``max_blocks`` (≥ 1, default 128: longer prompts
-use their first blocks), ``max_extra_rtt_ms`` (≥ 0, default 30; 0 allows only the nearest).
+use their first blocks), ``max_extra_rtt_ms`` (≥ 0, default 50; 0 allows only the nearest).
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ from collections.abc import Mapping
 from typing import ClassVar, Self
 
 from services.common.clock import Clock
+from services.router.scheduling.distance import nearest_rtt_ms, too_far
 from services.router.scheduling.params import Params, check_positive, require
 from services.router.scheduling.plugin import Candidates, PluginContext, PostPick, Scorer
 from services.router.scheduling.types import Decision, RouteQuery, WorkerSnapshot
@@ -51,7 +52,7 @@ class PrefixAffinityScorer(Scorer, PostPick):
         max_entries: int = 200_000,
         ttl_s: float = 600.0,
         max_blocks: int = 128,
-        max_extra_rtt_ms: float = 30.0,
+        max_extra_rtt_ms: float = 50.0,
     ) -> None:
         require(max_entries >= 1, "max_entries", "must be >= 1")
         require(max_extra_rtt_ms >= 0, "max_extra_rtt_ms", "must be >= 0")
@@ -71,7 +72,7 @@ class PrefixAffinityScorer(Scorer, PostPick):
             max_entries=params.integer("max_entries", 200_000),
             ttl_s=params.number("ttl_s", 600.0),
             max_blocks=params.integer("max_blocks", 128),
-            max_extra_rtt_ms=params.number("max_extra_rtt_ms", 30.0),
+            max_extra_rtt_ms=params.number("max_extra_rtt_ms", 50.0),
         )
 
     def __len__(self) -> int:
@@ -99,18 +100,12 @@ class PrefixAffinityScorer(Scorer, PostPick):
         if not matches:
             return {}
         n = min(len(hashes), self.max_blocks)
-        nearest = min((w.rtt_ms for w in candidates if w.rtt_ms is not None), default=None)
+        nearest = nearest_rtt_ms(candidates)
         out = {}
         for wid, m in matches.items():
             worker = candidates.get(wid)
-            if worker is None:
-                continue
-            too_far = (
-                nearest is not None
-                and worker.rtt_ms is not None
-                and worker.rtt_ms > nearest + self.max_extra_rtt_ms
-            )
-            out[wid] = 0.0 if too_far else m / n
+            if worker is not None:
+                out[wid] = 0.0 if too_far(worker, nearest, self.max_extra_rtt_ms) else m / n
         return out
 
     def detail(self, query: RouteQuery, worker: WorkerSnapshot) -> str:

@@ -13,9 +13,13 @@ and the session moves with it (``observe`` records the new primary).
 State: session id → (worker id, expiry), LRU-bounded by ``max_entries`` and expiring after
 ``ttl_s`` of inactivity. The edge may hash session ids; they are opaque here.
 
-Input: ``query.session_id``, the holder's load (``loadmodel.worker_load``). Parameters:
-``max_load`` (> 0, default 0.85), ``ttl_s`` (> 0, default 1800), ``max_entries`` (≥ 1,
-default 100000).
+Like prefix affinity, it yields to distance (:mod:`..distance`): a holder more than
+``max_extra_rtt_ms`` beyond the nearest candidate scores 0, so one unlucky first turn in a far
+region does not keep a whole conversation there.
+
+Input: ``query.session_id``, the holder's load (``loadmodel.worker_load``) and RTT.
+Parameters: ``max_load`` (> 0, default 0.85), ``ttl_s`` (> 0, default 1800), ``max_entries``
+(≥ 1, default 100000), ``max_extra_rtt_ms`` (≥ 0, default 50).
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from collections.abc import Mapping
 from typing import ClassVar, Self
 
 from services.common.clock import Clock
+from services.router.scheduling.distance import nearest_rtt_ms, too_far
 from services.router.scheduling.loadmodel import worker_load
 from services.router.scheduling.params import Params, check_positive, require
 from services.router.scheduling.plugin import Candidates, PluginContext, PostPick, Scorer
@@ -33,7 +38,7 @@ from services.router.scheduling.types import Decision, RouteQuery, WorkerSnapsho
 
 class SessionAffinityScorer(Scorer, PostPick):
     TYPE: ClassVar[str] = "session-affinity"
-    __slots__ = ("_clock", "_sessions", "max_entries", "max_load", "ttl_s")
+    __slots__ = ("_clock", "_sessions", "max_entries", "max_extra_rtt_ms", "max_load", "ttl_s")
 
     def __init__(
         self,
@@ -42,10 +47,13 @@ class SessionAffinityScorer(Scorer, PostPick):
         max_load: float = 0.85,
         ttl_s: float = 1800.0,
         max_entries: int = 100_000,
+        max_extra_rtt_ms: float = 50.0,
     ) -> None:
         check_positive(max_load, "max_load")
         check_positive(ttl_s, "ttl_s")
         require(max_entries >= 1, "max_entries", "must be >= 1")
+        require(max_extra_rtt_ms >= 0, "max_extra_rtt_ms", "must be >= 0")
+        self.max_extra_rtt_ms = max_extra_rtt_ms
         self.max_load = max_load
         self.ttl_s = ttl_s
         self.max_entries = max_entries
@@ -59,6 +67,7 @@ class SessionAffinityScorer(Scorer, PostPick):
             max_load=params.number("max_load", 0.85),
             ttl_s=params.number("ttl_s", 1800.0),
             max_entries=params.integer("max_entries", 100_000),
+            max_extra_rtt_ms=params.number("max_extra_rtt_ms", 50.0),
         )
 
     def __len__(self) -> int:
@@ -77,6 +86,8 @@ class SessionAffinityScorer(Scorer, PostPick):
             return {}
         w = candidates.get(worker_id)
         if w is None or worker_load(w) >= self.max_load:
+            return {}
+        if too_far(w, nearest_rtt_ms(candidates), self.max_extra_rtt_ms):
             return {}
         return {worker_id: 1.0}
 
