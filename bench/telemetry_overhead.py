@@ -117,7 +117,8 @@ async def run_mode(
                 for _ in queue:
                     await one()
 
-            assert stack.edge is not None and stack.edge.pid is not None
+            assert stack.edge is not None
+            assert stack.edge.pid is not None
             cpu0 = cpu_seconds(stack.edge.pid)
             start = time.perf_counter()
             await asyncio.gather(*(lane() for _ in range(args.concurrency)))
