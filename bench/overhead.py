@@ -3,8 +3,8 @@ over gRPC and (b) through edge → router → worker over HTTP/SSE, at several c
 
     .venv/bin/python -m bench.overhead [--concurrency 1 8 32] [--requests 64] [--tokens 64]
 
-Real processes (Redis, one simulated worker at real speed, the router, the edge), no delay
-proxy: this measures Meridian's own overhead. Prints TTFT p50/p99, inter-token latency
+Real processes (``LocalStack``: Redis, one simulated worker at real speed, the router, the
+edge), no delay proxy: this measures Meridian's own overhead. Prints TTFT p50/p99, inter-token latency
 p50/p99 and tokens/s for both paths and their ratio (full / direct). Both paths run in the same
 invocation, one after the other, so the machine's noise is shared.
 
@@ -26,13 +26,10 @@ from pathlib import Path
 
 import aiohttp
 import grpc
-import redis.asyncio as aioredis
 
 from meridian.v1 import worker_pb2, worker_pb2_grpc
-from services.common.clock import SYSTEM_CLOCK
-from services.edge.apikeys import ApiKeyStore
-from services.localstack.procs import ManagedProcess
-from services.localstack.redis_server import RedisServer
+from services.localstack.config import parse_stack_config
+from services.localstack.stack import LocalStack
 
 MODEL = "meridian-sim"
 PROMPT = "Tell me about the weather in Seoul and how it compares to Tokyo in autumn."
@@ -149,84 +146,34 @@ async def drive(make_one: object, concurrency: int, requests: int) -> Result:
 
 
 async def main(args: argparse.Namespace) -> None:
-    work = Path(tempfile.mkdtemp(prefix="meridian-bench-"))
-    py = sys.executable
-    redis = RedisServer(run_dir=work / "redis")
-    await redis.start()
-    worker = ManagedProcess(
-        name="worker",
-        argv=[
-            py,
-            "-m",
-            "services.worker",
-            "--worker-id",
-            "w1",
-            "--region",
-            "kr",
-            "--ready-file",
-            str(work / "w.ready"),
-            "--log-level",
-            "warning",
-            "--max-num-seqs",
-            "64",
-        ],
-        log_path=work / "worker.log",
-        ready_file=work / "w.ready",
+    config = parse_stack_config(
+        {
+            # One region at 0 ms: no delay proxy, so this measures Meridian's own path.
+            "regions": {"kr": {"rtt_ms": 0, "workers": 1}},
+            "sim": {"max_num_seqs": 64},
+        }
     )
-    await worker.start()
-    wport = (await worker.wait_ready(30))["port"]
-    router = ManagedProcess(
-        name="router",
-        argv=[
-            py,
-            "-m",
-            "services.router",
-            "--worker",
-            f"127.0.0.1:{wport}",
-            "--ready-file",
-            str(work / "r.ready"),
-            "--log-level",
-            "warning",
-        ],
-        log_path=work / "router.log",
-        ready_file=work / "r.ready",
-    )
-    await router.start()
-    rport = (await router.wait_ready(30))["port"]
-    edge = ManagedProcess(
-        name="edge",
-        argv=[
-            py,
-            "-m",
-            "services.edge",
-            "--port",
+    stack = LocalStack(
+        config=config,
+        run_dir=Path(tempfile.mkdtemp(prefix="meridian-bench-")),
+        edge_port=0,
+        log_level="warning",
+        # One client IP sends everything: lift the per-IP abuse limits for the benchmark.
+        edge_args=(
+            "--ip-requests-per-s",
             "0",
-            "--redis-url",
-            redis.url,
-            "--router",
-            f"127.0.0.1:{rport}",
-            "--ready-file",
-            str(work / "e.ready"),
-            "--log-level",
-            "warning",
-        ],
-        log_path=work / "edge.log",
-        ready_file=work / "e.ready",
+            "--max-streams-per-ip",
+            "10000",
+            "--max-connections-per-ip",
+            "10000",
+        ),
     )
-    await edge.start()
-    eport = (await edge.wait_ready(30))["port"]
-    url = f"http://127.0.0.1:{eport}"
-    client = aioredis.Redis.from_url(redis.url)
-    key, _ = await ApiKeyStore(redis=client, clock=SYSTEM_CLOCK).create("bench")
-    await client.aclose()
+    await stack.start()
+    url, key = stack.endpoints.edge_url, stack.endpoints.demo_key
+    worker = next(iter(stack.endpoints.workers.values())).direct
     try:
-        async with aiohttp.ClientSession() as http:
-            for _ in range(100):  # until the router has seen the worker
-                async with http.get(f"{url}/readyz") as resp:
-                    if resp.status == 200:
-                        break
-                await asyncio.sleep(0.1)
-            channel = grpc.aio.insecure_channel(f"127.0.0.1:{wport}")
+        async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(limit=0)) as http:
+            channel = grpc.aio.insecure_channel(worker)
             stub = worker_pb2_grpc.WorkerStub(channel)
             # Warm both paths (connections, caches).
             await drive(lambda i: direct_one(stub, i, 4), 4, 8)
@@ -251,9 +198,7 @@ async def main(args: argparse.Namespace) -> None:
                 )
             await channel.close()
     finally:
-        for proc in (edge, router, worker):
-            await proc.stop(5)
-        await redis.stop()
+        await stack.stop()
 
 
 if __name__ == "__main__":

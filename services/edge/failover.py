@@ -235,6 +235,7 @@ async def _attempt(
             "server.address": cand.address,
         },
     )
+    generate.decision_id = decision_id
     with trace.use_span(span, end_on_exit=False):
         call = workers.generate(cand.address, generate, timeout_s=None, metadata=inject_metadata())
     # What to tell the router if this attempt does not become a stream.

@@ -15,12 +15,17 @@ either way it is down within a second with the defaults.
 
 In-flight accounting: a load report covers the requests the worker had received when it sent
 it. Assignments this router made after that are counted as ``in_flight`` on top, so a burst
-between two reports does not herd onto one worker. A request routed at ``t`` reaches the
-worker at about ``t + grace + one-way`` (the edge, next to this router, dials the worker after
-its own processing, ``in_flight_grace_s``), and a report sent after that arrives one more
-one-way later; so a report received at ``now`` covers the assignments made before
-``now - rtt - grace``. Counting a request twice for that short window is the safe side:
-forgetting it early lets a burst overfill a worker that looked free.
+between two reports does not herd onto one worker. Workers that say so
+(``reports_admissions``) list the decision ids they admitted since the previous report on this
+stream: those assignments are dropped exactly, the moment the worker's counts include them. An
+assignment no report ever names (the request went elsewhere, or the list overflowed) is dropped
+``admission_timeout_s`` after it was made; the edge's outcome report usually removes it first.
+
+For workers without that list, timing decides: a request routed at ``t`` reaches the worker at
+about ``t + grace + one-way`` (``in_flight_grace_s``: the edge's own processing) and a report
+sent after that arrives one more one-way later; so a report received at ``now`` covers the
+assignments made before ``now - rtt - grace``. Counting a request twice for that short window
+is the safe side: forgetting it early lets a burst overfill a worker that looked free.
 
 Cost. ``snapshots`` is on every decision's path, so it does not walk the workers: it keeps the
 list of the last call and rebuilds only the rows that changed since (a report, a probe, an
@@ -72,10 +77,12 @@ class RegistryConfig:
     ``snapshot_max_age_s``: the longest a row is reused without a rebuild (bounds the error of
     ``report_age_s``; rows are rebuilt on every change anyway). ``in_flight_grace_s``: time
     between a decision and the edge's Generate call leaving (see in-flight accounting above).
+    ``admission_timeout_s``: with admission lists, how long an unnamed assignment still counts.
     """
 
     stale_after_s: float = 0.6
     in_flight_grace_s: float = 0.02
+    admission_timeout_s: float = 2.0
     rtt_ewma_alpha: float = 0.3
     loss_window: int = 20
     assignment_ttl_s: float = 30.0
@@ -95,6 +102,8 @@ class RegistryConfig:
             raise ValueError("snapshot_max_age_s must be >= 0")
         if not self.in_flight_grace_s >= 0:
             raise ValueError("in_flight_grace_s must be >= 0")
+        if not self.admission_timeout_s > 0:
+            raise ValueError("admission_timeout_s must be > 0")
 
 
 @dataclass(slots=True, eq=False)
@@ -191,7 +200,12 @@ class WorkerRegistry:
             self._elect(rec.worker_id)
         # Requests that reached the worker before the report left it are in its counts now.
         if rec.assignments:
-            covered_before = now - (rec.rtt_ms or 0.0) / 1000.0 - self._config.in_flight_grace_s
+            if report.reports_admissions:
+                for decision_id in report.admitted_decision_ids:
+                    rec.assignments.pop(decision_id, None)
+                covered_before = now - self._config.admission_timeout_s
+            else:
+                covered_before = now - (rec.rtt_ms or 0.0) / 1000.0 - self._config.in_flight_grace_s
             rec.assignments = {d: t for d, t in rec.assignments.items() if t > covered_before}
         self._touch(rec)
 

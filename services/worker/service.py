@@ -27,6 +27,7 @@ from services.common.grpcutil import abort_with
 from services.common.logs import event
 from services.common.tracecontext import extract_metadata
 from services.worker import convert
+from services.worker.admissions import AdmissionLog
 from services.worker.engine import Engine, EngineOutput, ModelState
 from services.worker.observability import WorkerTelemetry
 
@@ -57,6 +58,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._inflight: dict[str, asyncio.Task[object]] = {}
         self._idle = asyncio.Event()
         self._idle.set()
+        self._admissions = AdmissionLog()
         self._changed = asyncio.Event()
 
     @property
@@ -111,6 +113,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         task = asyncio.current_task()
         assert task is not None
         self._inflight[engine_request.request_id] = task
+        self._admissions.admitted(request.decision_id[:128])
         self._idle.clear()
         first_at: float | None = None
         last_at: float | None = None
@@ -193,9 +196,13 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         interval = request.interval_ms / 1000 if request.interval_ms else self._report_interval_s
         interval = min(max(interval, MIN_REPORT_INTERVAL_S), MAX_REPORT_INTERVAL_S)
         sequence = 0
+        cursor = self._admissions.last_seq  # admissions before this stream are in its counts
         while True:
             changed = self._changed
-            yield self.load_report(sequence)
+            report = self.load_report(sequence)
+            report.admitted_decision_ids.extend(self._admissions.since(cursor))
+            cursor = self._admissions.last_seq
+            yield report
             sequence += 1
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), timeout=interval)
@@ -217,6 +224,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             sent_unix_ms=int(time.time() * 1000),
             models=self._models_pb(),
             draining=self._draining,
+            reports_admissions=True,
         )
         convert.load_to_pb(self._engine.load(), report)
         return report

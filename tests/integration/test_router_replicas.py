@@ -101,7 +101,7 @@ async def test_in_flight_accounting_is_per_replica(replicas: Replicas) -> None:
     seoul, oregon = replicas.routers["seoul"], replicas.routers["oregon"]
 
     async def seoul_counts_its_own() -> bool:
-        await route(replicas.callers["seoul"])
+        await route(replicas.callers["seoul"], follow_up=True)  # as if Generate followed
         return in_flight(seoul, "kr-1") >= 1
 
     # Between two load reports (1 s apart here) Seoul counts what it sent; Oregon never sees it.

@@ -168,7 +168,12 @@ class RouterCaller:
         self._workers: dict[str, tuple[grpc.aio.Channel, worker_pb2_grpc.WorkerStub]] = {}
         self._n = 0
 
-    async def route(self, **fields: Any) -> router_pb2.RouteResponse | Refused:
+    async def route(
+        self, *, follow_up: bool = False, **fields: Any
+    ) -> router_pb2.RouteResponse | Refused:
+        """Ask the router. Without ``follow_up`` nothing will be sent to the chosen worker, so the
+        decision is reported cancelled at once (as the edge does when a client leaves before
+        its Generate): the router must not keep counting it as in flight."""
         fields.setdefault("model", MODEL)
         fields.setdefault("request_id", self._next_id())
         try:
@@ -177,6 +182,15 @@ class RouterCaller:
             )
         except grpc.aio.AioRpcError as err:
             return refused(err)
+        if not follow_up:
+            await self._router.ReportOutcome(
+                router_pb2.OutcomeReport(
+                    decision_id=resp.decision_id,
+                    worker_id=resp.candidates[0].worker_id,
+                    outcome=router_pb2.OUTCOME_CANCELLED,
+                ),
+                timeout=5.0,
+            )
         return resp
 
     async def ask(
@@ -193,6 +207,7 @@ class RouterCaller:
         request_id = self._next_id()
         started = time.perf_counter()
         decision = await self.route(
+            follow_up=True,
             request_id=request_id,
             priority=priority,
             allowed_regions=list(allowed_regions),
@@ -203,7 +218,12 @@ class RouterCaller:
         if isinstance(decision, Refused):
             return decision
         cand = decision.candidates[0]
-        gen = worker_pb2.GenerateRequest(request_id=request_id, model=MODEL, priority=priority)
+        gen = worker_pb2.GenerateRequest(
+            request_id=request_id,
+            model=MODEL,
+            priority=priority,
+            decision_id=decision.decision_id,
+        )
         for m in messages:
             gen.messages.add(role=m["role"], content=m["content"])
         gen.sampling.max_tokens = max_tokens

@@ -120,3 +120,21 @@ def test_removed_workers_disappear() -> None:
 def test_bad_registry_config_is_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="must be"):
         RegistryConfig(**kwargs)  # type: ignore[arg-type]
+
+
+def test_admitted_decision_ids_release_exactly_those_assignments() -> None:
+    reg = registry(admission_timeout_s=2.0)
+    reg.on_report(ADDR, report(), now=1.0)
+    for d in ("d1", "d2", "d3"):
+        reg.assign("kr-1", d, now=1.01)
+    r = report(running=2)
+    r.reports_admissions = True
+    r.admitted_decision_ids.extend(["d1", "d3"])
+    reg.on_report(ADDR, r, now=1.02)  # well inside any timing grace: ids decide
+    assert only(reg, 1.02).in_flight == 1
+    quiet = report(running=2)
+    quiet.reports_admissions = True
+    reg.on_report(ADDR, quiet, now=2.5)
+    assert only(reg, 2.5).in_flight == 1  # d2 not named yet, still counted
+    reg.on_report(ADDR, quiet, now=3.5)
+    assert only(reg, 3.5).in_flight == 0  # never admitted here: dropped after the timeout
