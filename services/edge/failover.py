@@ -88,31 +88,59 @@ class UpstreamStream:
         self.ttft_ms = (self.first_token_at - started) * 1000
         self._reported = False
         self.completion_tokens = 0
+        self._last_read = self.first_token_at
+        self._idle_expired = False
+        self._watchdog: asyncio.TimerHandle | None = None
         span.add_event("first_token", {"meridian.ttft_ms": self.ttft_ms})
 
     async def chunks(self) -> AsyncIterator[worker_pb2.GenerateChunk]:
-        """The first chunk, then the rest; raises MeridianError if the worker fails midway."""
+        """The first chunk, then the rest; raises MeridianError if the worker fails midway.
+
+        The idle limit is one watchdog timer per stream that re-arms itself from the time of
+        the last chunk, not a timer per chunk: this loop runs once per token.
+        """
         chunk = self.first
-        while True:
-            self.completion_tokens = chunk.usage.completion_tokens
-            if chunk.text:
-                self.last_token_at = time.monotonic()
-            yield chunk
-            if chunk.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:
-                self._report(router_pb2.OUTCOME_SUCCESS)
-                return
-            try:
-                nxt = await asyncio.wait_for(self._call.read(), self._idle_timeout_s)
-            except TimeoutError:
-                self._report(router_pb2.OUTCOME_FAILED)
-                raise UpstreamTimeout("the worker stopped sending tokens") from None
-            except grpc.aio.AioRpcError as err:
-                self._report(router_pb2.OUTCOME_FAILED)
-                raise _stream_error(err) from None
-            if not isinstance(nxt, worker_pb2.GenerateChunk):  # grpc.aio.EOF
-                self._report(router_pb2.OUTCOME_FAILED)
-                raise UpstreamFailed("the worker ended the stream without a finish reason")
-            chunk = nxt
+        watchdog = asyncio.get_running_loop().call_later(self._idle_timeout_s, self._check_idle)
+        try:
+            while True:
+                self.completion_tokens = chunk.usage.completion_tokens
+                if chunk.text:
+                    self.last_token_at = self._last_read
+                yield chunk
+                if chunk.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:
+                    self._report(router_pb2.OUTCOME_SUCCESS)
+                    return
+                try:
+                    nxt = await self._call.read()
+                except grpc.aio.AioRpcError as err:
+                    self._report(router_pb2.OUTCOME_FAILED)
+                    if self._idle_expired:
+                        raise UpstreamTimeout("the worker stopped sending tokens") from None
+                    raise _stream_error(err) from None
+                except asyncio.CancelledError:
+                    if self._idle_expired:
+                        self._report(router_pb2.OUTCOME_FAILED)
+                        raise UpstreamTimeout("the worker stopped sending tokens") from None
+                    raise
+                self._last_read = time.monotonic()
+                if not isinstance(nxt, worker_pb2.GenerateChunk):  # grpc.aio.EOF
+                    self._report(router_pb2.OUTCOME_FAILED)
+                    raise UpstreamFailed("the worker ended the stream without a finish reason")
+                chunk = nxt
+        finally:
+            watchdog.cancel()
+            if self._watchdog is not None:
+                self._watchdog.cancel()
+
+    def _check_idle(self) -> None:
+        """Re-arm from the last chunk; past the limit, cancel the call (read() then raises)."""
+        idle = time.monotonic() - self._last_read
+        if idle >= self._idle_timeout_s:
+            self._idle_expired = True
+            self._call.cancel()
+            return
+        loop = asyncio.get_running_loop()
+        self._watchdog = loop.call_later(self._idle_timeout_s - idle, self._check_idle)
 
     def cancel(self) -> None:
         """Cancel the worker call (client went away); the worker aborts the generation."""

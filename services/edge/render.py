@@ -58,6 +58,13 @@ class ChunkRenderer:
             "system_fingerprint": fingerprint,
         }
         self._usage = usage
+        # The hot path (one text delta, no logprobs) splices the JSON-escaped text between two
+        # fixed byte strings rendered once: the same bytes json.dumps would produce for the
+        # whole chunk (tests/unit/edge/test_render.py pins that), at a fraction of the cost.
+        whole = self._chunk({"content": "\x00"}, None)
+        marker = whole.index(b'"\\u0000"')
+        self._content_head = whole[:marker]
+        self._content_tail = whole[marker + len(b'"\\u0000"') :]
 
     def _chunk(self, delta: dict[str, Any], finish: str | None, logprobs: Any = None) -> bytes:
         body: dict[str, Any] = {
@@ -74,10 +81,11 @@ class ChunkRenderer:
         return self._chunk({"role": "assistant", "content": ""}, None)
 
     def content(self, chunk: worker_pb2.GenerateChunk) -> bytes | None:
-        if not chunk.text and not chunk.logprobs:
+        if chunk.logprobs:
+            return self._chunk({"content": chunk.text}, None, logprobs_dict(list(chunk.logprobs)))
+        if not chunk.text:
             return None
-        logprobs = logprobs_dict(list(chunk.logprobs)) if chunk.logprobs else None
-        return self._chunk({"content": chunk.text}, None, logprobs)
+        return self._content_head + json.dumps(chunk.text).encode() + self._content_tail
 
     def finish(self, reason: str) -> bytes:
         return self._chunk({}, reason)

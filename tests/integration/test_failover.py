@@ -152,3 +152,35 @@ async def test_bad_requests_are_not_retried_on_other_workers(stack: Stack) -> No
             policy=FailoverPolicy(max_attempts=3),
         )
     assert exc.value.param == "max_tokens"
+
+
+async def test_a_worker_that_stops_sending_mid_stream_ends_it_with_a_timeout(
+    stack: Stack,
+) -> None:
+    """The link freezes after the first token (a silent partition): the edge's idle watchdog
+    ends the stream with a clear error instead of hanging."""
+    from services.common.errors import UpstreamTimeout
+    from services.edge.failover import FailoverPolicy, open_stream
+    from services.edge.upstream import RouteResult
+
+    proxy = stack.proxies["jp-1"]
+    cand = router_pb2.Candidate(worker_id="jp-1", region="jp", address=f"{proxy.host}:{proxy.port}")
+    gen = worker_pb2.GenerateRequest(request_id="idle-1", model=MODEL)
+    gen.messages.add(role="user", content="hello")
+    gen.sampling.max_tokens = 5000
+    gen.sampling.ignore_eos = True
+    upstream = await open_stream(
+        router=stack.edge.deps.router,
+        workers=stack.edge.deps.workers,
+        route_request=router_pb2.RouteRequest(request_id="idle-1", model=MODEL),
+        first_route=RouteResult(decision_id="d", candidates=(cand,), explanation=""),
+        generate=gen,
+        policy=FailoverPolicy(stream_idle_timeout_s=0.5),
+    )
+    chunks = upstream.chunks()
+    await anext(chunks)
+    proxy.cut(CutMode.BLACKHOLE, reset_existing=False)  # freeze: nothing more arrives
+    with pytest.raises(UpstreamTimeout):
+        async for _ in chunks:
+            pass
+    proxy.restore()

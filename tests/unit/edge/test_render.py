@@ -71,3 +71,14 @@ def test_completion_body_has_message_and_usage() -> None:
     assert b["choices"][0]["message"] == {"role": "assistant", "content": "hi", "refusal": None}
     assert b["choices"][0]["finish_reason"] == "length"
     assert b["usage"]["prompt_tokens"] == 1
+
+
+def test_fast_content_path_matches_full_rendering_byte_for_byte() -> None:
+    for usage in (False, True):
+        r = ChunkRenderer(
+            completion_id="c-1", model='m\\"x', created=3, fingerprint="f", usage=usage
+        )
+        for text in ("Hel", 'quote " and \\ backslash', "ünïcødé ✓", "\n\t", "\x00"):
+            fast = r.content(worker_pb2.GenerateChunk(text=text))
+            slow = r._chunk({"content": text}, None)  # the reference
+            assert fast == slow, text
