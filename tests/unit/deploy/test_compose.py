@@ -61,8 +61,9 @@ def test_the_edge_is_published_on_localhost_only() -> None:
     assert COMPOSE["services"]["edge"]["ports"] == ["127.0.0.1:8080:8080"]
 
 
-def test_dockerfile_copies_paths_that_exist() -> None:
-    lines = (REPO / "deploy/docker/Dockerfile").read_text().splitlines()
+@pytest.mark.parametrize("dockerfile", sorted((REPO / "deploy/docker").glob("Dockerfile*")))
+def test_dockerfiles_copy_paths_that_exist(dockerfile: Path) -> None:
+    lines = dockerfile.read_text().splitlines()
     sources = [line.split()[1] for line in lines if line.startswith("COPY ")]
     assert sources
     for src in sources:
