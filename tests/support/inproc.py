@@ -17,6 +17,7 @@ import redis.asyncio as aioredis
 from meridian.v1 import router_pb2_grpc, worker_pb2_grpc
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.grpcutil import Health, new_server
+from services.common.telemetry import Telemetry
 from services.edge.apikeys import KeyHasher
 from services.edge.app import EdgeDeps
 from services.edge.counters import EdgeCounters
@@ -210,6 +211,7 @@ async def start_edge(
     config: EdgeConfig | None = None,
     clock: Clock = SYSTEM_CLOCK,
     pepper: bytes = TEST_PEPPER,
+    telemetry: Telemetry | None = None,
 ) -> RunningEdge:
     """An edge on a free port of 127.0.0.1 (plain HTTP, admin API on another free port)
     unless ``config`` says otherwise; ``policy``, ``keepalive_after_s`` and
@@ -232,6 +234,7 @@ async def start_edge(
         router=RouterClient(router_address),
         hasher=KeyHasher(pepper),
         clock=clock,
+        telemetry=telemetry,
     )
     await server.start()
     return RunningEdge(server, server.url, server.deps, redis)
