@@ -44,6 +44,8 @@ from opentelemetry.sdk.trace.sampling import (
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from services.common.cli import port
+
 # Seconds. From the GenAI semantic conventions (gen_ai.server.time_to_first_token).
 TTFT_BUCKETS: Sequence[float] = (
     0.001,
@@ -301,16 +303,10 @@ def add_cli_args(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--metrics-host", default="127.0.0.1")
     g.add_argument(
         "--metrics-port",
-        type=_port,
+        type=port,
         default=None,
         help="serve Prometheus metrics on this port (0: any free port; default: off)",
     )
-
-
-def _port(value: str) -> int:
-    if not value.isdigit() or not 0 <= int(value) <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be 0..65535, got {value!r}")
-    return int(value)
 
 
 async def serve_metrics(telemetry: Telemetry, host: str, port: int) -> tuple[web.AppRunner, int]:

@@ -21,9 +21,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from services.common import logs, runtime, telemetry
+from services.common import cli, logs, runtime, telemetry
 from services.common.logs import event
-from services.common.net import parse_address
 from services.edge.apikeys import KeyHasher, load_pepper
 from services.edge.auth import AuthConfig
 from services.edge.failover import FailoverPolicy
@@ -37,19 +36,6 @@ from services.edge.upstream import RouterClient
 
 log = logging.getLogger("meridian.edge")
 ADMIN_TOKEN_ENV = "MERIDIAN_ADMIN_TOKEN"
-
-
-def _port(value: str) -> int:
-    if not value.isdigit() or not 0 <= int(value) <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be 0..65535, got {value!r}")
-    return int(value)
-
-
-def _address(value: str) -> str:
-    try:
-        return parse_address(value)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _redis_url(value: str) -> str:
@@ -84,10 +70,10 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=_port, default=8080)
+    p.add_argument("--port", type=cli.port, default=8080)
     p.add_argument("--ready-file", type=Path)
     p.add_argument("--redis-url", type=_redis_url, required=True)
-    p.add_argument("--router", type=_address, required=True, metavar="HOST:PORT")
+    p.add_argument("--router", type=cli.address, required=True, metavar="HOST:PORT")
     p.add_argument("--site", default="local")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     t = p.add_argument_group("TLS")
@@ -97,7 +83,7 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--plain-http", action="store_true", help="serve HTTP without TLS")
     s = p.add_argument_group("secrets and the admin API")
     s.add_argument("--key-pepper-file", type=Path, help="else $MERIDIAN_KEY_PEPPER")
-    s.add_argument("--admin-port", type=_port, help="no admin API without it")
+    s.add_argument("--admin-port", type=cli.port, help="no admin API without it")
     s.add_argument("--admin-host", default="127.0.0.1")
     s.add_argument("--admin-token-file", type=Path, help=f"else ${ADMIN_TOKEN_ENV}")
     r = p.add_argument_group("rate limits and Redis failure")

@@ -25,11 +25,10 @@ import sys
 from pathlib import Path
 
 from meridian.v1 import router_pb2_grpc
-from services.common import logs, runtime, telemetry
+from services.common import cli, logs, runtime, telemetry
 from services.common.clock import SYSTEM_CLOCK
 from services.common.grpcutil import Health, new_server
 from services.common.logs import event
-from services.common.net import parse_address
 from services.router.debug import DebugConfig, DebugEndpoint
 from services.router.discovery import Discovery, DiscoveryConfig
 from services.router.dns import DnsTarget
@@ -45,24 +44,11 @@ DEFAULT_PROFILE = Path(__file__).resolve().parents[2] / "deploy/router/profiles/
 TOKEN_ENV = "MERIDIAN_ROUTER_DEBUG_TOKEN"
 
 
-def _address(value: str) -> str:
-    try:
-        return parse_address(value)
-    except ValueError as err:
-        raise argparse.ArgumentTypeError(str(err)) from None
-
-
 def _dns_target(value: str) -> DnsTarget:
     try:
         return DnsTarget.parse(value)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
-
-
-def _port(value: str) -> int:
-    if not value.isdigit() or not 0 <= int(value) <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be 0..65535, got {value!r}")
-    return int(value)
 
 
 def _ms(value: str) -> int:
@@ -79,7 +65,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--site", default="local", help="this replica's edge site name")
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=_port, default=0)
+    p.add_argument("--port", type=cli.port, default=0)
     p.add_argument("--ready-file", type=Path)
     p.add_argument("--profile", type=Path, default=DEFAULT_PROFILE, help="scheduling profile YAML")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
@@ -87,7 +73,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = p.add_argument_group("discovery (at least one source)")
     d.add_argument(
         "--worker",
-        type=_address,
+        type=cli.address,
         action="append",
         default=[],
         metavar="HOST:PORT",
@@ -116,7 +102,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     g = p.add_argument_group("debug endpoint")
     g.add_argument("--debug-host", default="127.0.0.1")
-    g.add_argument("--debug-port", type=_port, help="serve /debug/* on this port (0: any free)")
+    g.add_argument("--debug-port", type=cli.port, help="serve /debug/* on this port (0: any free)")
     g.add_argument(
         "--debug-token-file", type=Path, help=f"bearer token for /debug/* (or ${TOKEN_ENV})"
     )

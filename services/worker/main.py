@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from meridian.v1 import worker_pb2_grpc
-from services.common import logs, runtime, telemetry
+from services.common import cli, logs, runtime, telemetry
 from services.common.grpcutil import Health, new_server
 from services.common.logs import event
 from services.worker.engine import Engine
@@ -38,16 +38,6 @@ def _identifier(value: str) -> str:
             f"{value!r} must be 1-64 characters of letters, digits, '.', '_' or '-'"
         )
     return value
-
-
-def _port(value: str) -> int:
-    try:
-        port = int(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a port number") from None
-    if not 0 <= port <= 65535:
-        raise argparse.ArgumentTypeError(f"port must be 0..65535, got {port}")
-    return port
 
 
 def _positive_float(value: str) -> float:
@@ -70,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--worker-id", type=_identifier, required=True)
     p.add_argument("--region", type=_identifier, required=True)
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=_port, default=0, help="0 picks a free port (see --ready-file)")
+    p.add_argument(
+        "--port", type=cli.port, default=0, help="0 picks a free port (see --ready-file)"
+    )
     p.add_argument("--ready-file", type=Path, help="write {'port': N} here once listening")
     p.add_argument("--report-interval-ms", type=_positive_float, default=100.0)
     p.add_argument("--drain-grace-s", type=_positive_float, default=10.0)

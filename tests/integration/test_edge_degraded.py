@@ -145,7 +145,14 @@ async def test_fail_closed_refuses_limited_requests_even_with_a_fresh_key(
 
 async def test_router_down_routes_from_the_last_view_then_recovers(stack: Stack) -> None:
     edge = stack.edge
-    await edge.server.router.refresh()  # the view the edge keeps (refreshed every 2 s anyway)
+    # The view the edge keeps (refreshed every 2 s anyway), taken when every worker is healthy
+    # in it: on a loaded machine a load report can be late and a worker briefly stale.
+    for _ in range(100):
+        await edge.server.router.refresh()
+        view = edge.server.router._usable_view()  # the copy under test
+        if view is not None and sum(w.healthy for w in view.workers) == len(stack.workers):
+            break
+        await asyncio.sleep(0.05)
     jp_only = await edge.new_key("jp-only", allowed_regions=("jp",))
     await stack.router.stop()
 

@@ -1,0 +1,23 @@
+"""Argument types every service's command line shares, so a bad flag gets the same precise
+message everywhere (argparse turns ArgumentTypeError into "argument --port: …", exit code 2)."""
+
+from __future__ import annotations
+
+import argparse
+
+from services.common.net import parse_address
+
+
+def port(value: str) -> int:
+    """A TCP port, 0 meaning "any free port"."""
+    if not value.isdigit() or not 0 <= int(value) <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be 0..65535, got {value!r}")
+    return int(value)
+
+
+def address(value: str) -> str:
+    """``HOST:PORT`` (IPv6 as ``[::1]:PORT``), normalised."""
+    try:
+        return parse_address(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
