@@ -188,6 +188,15 @@ class VllmEngine:
             )
         ]
 
+    def in_flight(self) -> frozenset[str]:
+        """Ids of the requests this engine is serving now (being rendered or generating).
+
+        An id leaves the set once its stream has ended, been cancelled or closed, which is
+        after vLLM was told to abort it; what an operator (or a test) reads to check that a
+        client that went away left no request behind.
+        """
+        return frozenset(self._in_flight)
+
     def load(self) -> EngineLoad:
         snap = self._window.snapshot()
         return EngineLoad(
