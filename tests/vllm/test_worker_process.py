@@ -70,7 +70,10 @@ class Site:
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def site(worker: WorkerProcess, redis_process: RedisProcess) -> AsyncIterator[Site]:
-    router = await start_router([worker.address])
+    # A busy vLLM CPU engine delays every other process's wake-ups on a 2-core VM by up to
+    # seconds; a router that declared the worker down for that would refuse it as "unhealthy"
+    # rather than for the reasons checked here.
+    router = await start_router([worker.address], stale_after_s=5.0)
     edge = await start_edge(redis_url=redis_process.url, router_address=router.address)
     key = await edge.new_key("acme")
     client = openai.AsyncOpenAI(base_url=f"{edge.url}/v1", api_key=key, max_retries=0)
