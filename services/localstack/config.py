@@ -15,6 +15,21 @@ import yaml
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
 
+DEFAULT_VLLM_MODEL = "tiny-llama"
+VLLM_OPTIONS: frozenset[str] = frozenset(
+    {
+        "dtype",
+        "max_model_len",
+        "max_num_seqs",
+        "gpu_memory_utilization",
+        "tensor_parallel_size",
+        "enforce_eager",
+        "no_prefix_caching",
+        "scheduling_policy",
+    }
+)
+"""``vllm.options`` keys: the worker's vLLM flags (``max_model_len`` → ``--max-model-len``)."""
+
 
 class StackConfigError(ValueError):
     pass
@@ -34,8 +49,13 @@ class StackConfig:
     model: str
     regions: tuple[RegionSpec, ...]
     sim: dict[str, Any] = field(default_factory=dict)
+    vllm_model: str = DEFAULT_VLLM_MODEL
     vllm_regions: dict[str, int] = field(default_factory=dict)
     vllm_options: dict[str, Any] = field(default_factory=dict)
+
+    def served_model(self, engine: str) -> str:
+        """The model name clients ask for when the stack runs ``engine`` workers."""
+        return self.vllm_model if engine == "vllm" else self.model
 
 
 def _num(data: dict[str, Any], key: str, where: str, default: float | None = None) -> float:
@@ -88,21 +108,47 @@ def parse_stack_config(data: Any) -> StackConfig:
                 jitter_ms=_num(spec, "jitter_ms", where, 0.0),
             )
         )
-    vllm = _mapping(root.get("vllm"), "vllm")
-    vllm_regions = _mapping(vllm.get("regions", {}), "vllm.regions")
-    for name, count in vllm_regions.items():
-        if name not in regions_raw:
-            raise StackConfigError(f"vllm.regions.{name}: not one of the regions")
-        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 4:
-            raise StackConfigError(f"vllm.regions.{name}: must be an integer 0..4")
+    vllm_model, vllm_regions, vllm_options = _parse_vllm(
+        _mapping(root.get("vllm"), "vllm"), regions_raw
+    )
     return StackConfig(
         site=site,
         model=model,
         regions=tuple(regions),
         sim=_mapping(root.get("sim"), "sim"),
-        vllm_regions=dict(vllm_regions),
-        vllm_options=_mapping(vllm.get("options"), "vllm.options"),
+        vllm_model=vllm_model,
+        vllm_regions=vllm_regions,
+        vllm_options=vllm_options,
     )
+
+
+def _parse_vllm(
+    vllm: dict[str, Any], regions: dict[str, Any]
+) -> tuple[str, dict[str, int], dict[str, Any]]:
+    """The ``vllm:`` section: served model name, workers per region, worker flags."""
+    for key in vllm:
+        if key not in {"model", "regions", "options"}:
+            raise StackConfigError(f"vllm.{key}: unknown key (expected model, regions, options)")
+    model = vllm.get("model", DEFAULT_VLLM_MODEL)
+    if not isinstance(model, str) or not model.strip():
+        raise StackConfigError("vllm.model: must be a non-empty string")
+    counts = _mapping(vllm.get("regions", {}), "vllm.regions")
+    for name, count in counts.items():
+        if name not in regions:
+            raise StackConfigError(f"vllm.regions.{name}: not one of the regions")
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 4:
+            raise StackConfigError(f"vllm.regions.{name}: must be an integer 0..4")
+    options = _mapping(vllm.get("options"), "vllm.options")
+    for key, value in options.items():
+        if key not in VLLM_OPTIONS:
+            raise StackConfigError(
+                f"vllm.options.{key}: unknown option (expected one of {sorted(VLLM_OPTIONS)})"
+            )
+        if value is False or value is None or isinstance(value, dict | list):
+            raise StackConfigError(
+                f"vllm.options.{key}: must be a number, a string or true (a flag)"
+            )
+    return model, dict(counts), dict(options)
 
 
 def load_stack_config(path: Path) -> StackConfig:

@@ -1,9 +1,11 @@
 """``make run`` / ``python -m services.localstack``: the whole local multi-region stack.
 
 Starts Redis (unless ``REDIS_URL`` is set), simulated workers in three regions behind a delay
-proxy, one router and the edge on 127.0.0.1:8080 (``EDGE_PORT`` overrides), prints the URL and
-a demo API key (also written to ``.meridian/demo-key``), and stops everything cleanly on
-Ctrl-C or SIGTERM. Process logs go to ``.meridian/run/logs/``.
+proxy (``--engine vllm``: the real vLLM workers of the config's ``vllm:`` section, serving a
+tiny model built into the state folder), one router and the edge on 127.0.0.1:8080
+(``EDGE_PORT`` overrides), prints the URL and a demo API key (also written to
+``.meridian/demo-key``), and stops everything cleanly on Ctrl-C or SIGTERM.
+Process logs go to ``.meridian/run/logs/``.
 """
 
 from __future__ import annotations
@@ -168,9 +170,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        load_stack_config(args.config)
+        config = load_stack_config(args.config)
     except StackConfigError as err:
         parser.error(f"--config: {err}")
+    if args.engine == "vllm" and not any(config.vllm_regions.values()):
+        parser.error(f"--config: {args.config}: vllm.regions: no vLLM worker to start")
     runtime.run(lambda stop: serve(args, stop))
     return 0
 

@@ -3,7 +3,10 @@ life, logging to a file, and announcing readiness through a ready file.
 
 No orphans: each child gets ``PR_SET_PDEATHSIG = SIGTERM`` (Linux), so even a supervisor killed
 with SIGKILL takes its children down; a normal stop sends SIGTERM (graceful drain), then SIGKILL
-after a grace period.
+after a grace period. Each child leads its own process group, and ``stop()`` ends whatever is
+left in that group once the child itself has exited: a vLLM worker's engine core (a process
+vLLM spawns, which does not watch its parent) would otherwise outlive a worker that crashed or
+was killed, holding gigabytes of memory (GPU memory on a GPU host).
 """
 
 from __future__ import annotations
@@ -27,6 +30,14 @@ def _die_with_parent() -> None:  # runs in the child between fork and exec
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+def _group_alive(group: int) -> bool:
+    try:
+        os.killpg(group, 0)
+    except (ProcessLookupError, PermissionError):
+        return False
+    return True
 
 
 class ProcessFailed(RuntimeError):
@@ -104,7 +115,27 @@ class ManagedProcess:
                 with contextlib.suppress(ProcessLookupError):
                     self.proc.kill()
                 await self.proc.wait()
+        await self._end_group(grace_s=min(grace_s, 5.0))
         return self.proc.returncode
+
+    async def _end_group(self, grace_s: float) -> None:
+        """SIGTERM what outlived the child in its process group, SIGKILL it after ``grace_s``.
+
+        The group id is the child's pid (``start_new_session``); the kernel does not reuse a
+        pid while a group of that id has members, so this never signals a stranger.
+        """
+        assert self.proc is not None
+        group = self.proc.pid
+        if not _group_alive(group):
+            return
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGTERM)
+        deadline = time.monotonic() + grace_s
+        # Polled: nothing notifies us when processes we are not the parent of exit.
+        while _group_alive(group) and time.monotonic() < deadline:  # noqa: ASYNC110
+            await asyncio.sleep(0.05)
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
 
     def kill(self) -> None:
         if self.proc is not None and self.proc.returncode is None:

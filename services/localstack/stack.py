@@ -87,7 +87,7 @@ class LocalStack:
         self.netem: ManagedProcess | None = None
         self.router: ManagedProcess | None = None
         self.edge: ManagedProcess | None = None
-        self.endpoints = StackEndpoints(model=config.model)
+        self.endpoints = StackEndpoints(model=config.served_model(engine))
 
     def _proc(self, name: str, module: str, *args: str) -> ManagedProcess:
         ready = self.run_dir / f"{name}.ready"
@@ -171,7 +171,7 @@ class LocalStack:
                     "--model",
                     str(self._vllm_model_path),
                     "--served-model-name",
-                    self.config.model,
+                    self.config.vllm_model,
                 ]
                 for key, value in self.config.vllm_options.items():
                     flag = "--" + key.replace("_", "-")
@@ -179,8 +179,10 @@ class LocalStack:
             self.workers[name] = self._proc(name, "services.worker", *args)
         for proc in self.workers.values():
             await proc.start()
+        # A vLLM worker imports vllm (seconds, more on a busy 2-core host) before it listens.
+        listen_timeout_s = 120.0 if self.engine == "vllm" else 30.0
         for name, proc in self.workers.items():
-            info = await proc.wait_ready(30.0)
+            info = await proc.wait_ready(listen_timeout_s)
             region = name.split("-")[0]
             direct = f"127.0.0.1:{info['port']}"
             self.endpoints.workers[name] = WorkerEndpoint(name, region, direct, direct)

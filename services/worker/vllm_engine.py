@@ -15,10 +15,8 @@ One request (``generate``):
 1. checks, before anything is yielded: engine READY (else :class:`Unavailable`, retry
    elsewhere), model name (:class:`ModelNotFound`, param "model"), messages and sampling values
    (:class:`InvalidRequest` naming the field, services/worker/vllm_request.py);
-2. renders the messages with the model's own chat template (``apply_chat_template`` with
-   ``add_generation_prompt=True``, as text) and tokenizes that text without adding special
-   tokens — the template already writes BOS and turn markers, as in vLLM's OpenAI server —
-   so the prompt is exactly the token ids the engine will count;
+2. renders the messages with the model's own chat template into the prompt token ids the
+   engine will count (services/worker/vllm_prompt.py);
 3. fits it to the context: a prompt that fills it is :class:`ContextLengthExceeded` (param
    "messages"), ``max_tokens`` that does not fit beside it is :class:`InvalidRequest` (param
    "max_tokens"), no ``max_tokens`` means the rest of the context;
@@ -39,10 +37,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import uuid
-from collections.abc import AsyncGenerator, Sequence
+from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
-import jinja2
 from vllm import SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMClientError
@@ -67,6 +64,7 @@ from services.worker.gpu import GpuMonitor
 from services.worker.load_window import LoadWindow
 from services.worker.vllm_config import VllmConfig
 from services.worker.vllm_output import OutputAssembler
+from services.worker.vllm_prompt import render_prompt
 from services.worker.vllm_request import check_messages, check_sampling, completion_budget
 from services.worker.vllm_stats import StatLoggerFactory, window_stat_logger
 
@@ -188,6 +186,15 @@ class VllmEngine:
             )
         ]
 
+    def in_flight(self) -> frozenset[str]:
+        """Ids of the requests this engine is serving now (being rendered or generating).
+
+        An id leaves the set once its stream has ended, been cancelled or closed, which is
+        after vLLM was told to abort it; what an operator (or a test) reads to check that a
+        client that went away left no request behind.
+        """
+        return frozenset(self._in_flight)
+
     def load(self) -> EngineLoad:
         snap = self._window.snapshot()
         return EngineLoad(
@@ -220,7 +227,7 @@ class VllmEngine:
             )
         self._in_flight.add(request.request_id)
         try:
-            prompt_ids = await asyncio.to_thread(_render_chat, llm, request.messages)
+            prompt_ids = await render_prompt(llm.get_tokenizer(), request.messages)
             max_tokens = completion_budget(
                 prompt_tokens=len(prompt_ids),
                 max_model_len=self._max_model_len,
@@ -311,7 +318,7 @@ class VllmEngine:
                 await stream.aclose()
 
     async def _warm_up(self, llm: AsyncLLM) -> None:
-        prompt_ids = await asyncio.to_thread(_render_chat, llm, _WARMUP_MESSAGES)
+        prompt_ids = await render_prompt(llm.get_tokenizer(), _WARMUP_MESSAGES)
         params = SamplingParams(
             max_tokens=2, temperature=0.0, logprobs=1, output_kind=RequestOutputKind.DELTA
         )
@@ -323,24 +330,6 @@ class VllmEngine:
         self._state = ModelState.FAILED
         self._failure = reason
         log.error("vLLM engine %s: %s", self.config.name, reason)
-
-
-def _render_chat(llm: AsyncLLM, messages: Sequence[ChatTurn]) -> list[int]:
-    """The prompt token ids of ``messages`` under the model's chat template."""
-    tokenizer = llm.get_tokenizer()
-    conversation = [
-        {"role": turn.role, "content": turn.content, **({"name": turn.name} if turn.name else {})}
-        for turn in messages
-    ]
-    try:
-        text = tokenizer.apply_chat_template(
-            conversation, tokenize=False, add_generation_prompt=True
-        )
-    except jinja2.TemplateError as err:
-        raise InvalidRequest(
-            f"the model's chat template rejects these messages: {err}", param="messages"
-        ) from err
-    return [int(t) for t in tokenizer.encode(text, add_special_tokens=False)]
 
 
 def _build_engine(config: VllmConfig, stat_logger: StatLoggerFactory) -> AsyncLLM:

@@ -1,0 +1,529 @@
+"""Meridian's full path against vLLM's own OpenAI server, same engine, same model (prints only).
+
+Two systems, each as real processes on 127.0.0.1, loaded one after the other (never together:
+on a 2-core host they would share the cores):
+
+- **meridian**: Redis, one vLLM worker (``python -m services.worker --engine vllm``), the
+  router and the edge; the client talks to the edge, which asks the router and streams from
+  the worker over gRPC;
+- **vllm serve**: ``python -m vllm.entrypoints.openai.api_server``, the server ``vllm serve``
+  runs.
+
+Both serve the tiny random-weight Llama (services/worker/tinymodel.py) with the same engine
+settings (those of ``VllmConfig.cpu_test``: float32, 256-token context, 16 sequences, eager,
+15 % of host memory for the KV cache, seed 0, prefix caching on). The same client drives both:
+``--concurrency`` streams kept busy (closed loop) until ``--requests`` chat completions of
+``--tokens`` greedy tokens each (``ignore_eos``) are done, after ``--warmup`` requests that are
+not counted. Per request it records the time to the first content chunk (TTFT), the gaps
+between content chunks (inter-token latency, ITL) and the completion tokens from the stream's
+usage; tokens/s is all completion tokens over the wall time of the measured requests. The
+client is a plain aiohttp SSE reader (no SDK), identical for both, so its cost is the same.
+
+Both systems are started (one after the other) and stay up; then ``--pairs`` pairs of runs
+alternate the load between them, the order swapped every pair, while the other idles (the CPU
+it used meanwhile is printed: an idle vLLM engine waits on its queue). On a shared host the
+background load drifts by more than the difference being measured, so a figure from one
+system's block of runs against the other's block says more about the host than about the
+systems; the per-pair ratios put both under the same conditions, and their median is the
+figure the goal is judged on.
+
+    .venv/bin/python -m bench.vllm_vs_serve [--concurrency 8] [--requests 96] [--tokens 128]
+        [--pairs 10] [--systems meridian,vllm]
+
+Goal (issue 3): Meridian within 10 % of ``vllm serve`` on tokens/s and within 5 ms on TTFT
+p50, at concurrency 8.
+
+The router runs with ``--stale-after-ms 5000`` by default here, not its 600: on the project's
+2-core VMs a busy vLLM CPU engine delays the wake-ups of every other process on the machine by
+up to seconds (seen with ``vllm serve`` alone: a process sleeping 10 ms in a loop woke up to
+1 s late), and with 600 ms the router declares the busy worker down and the edge answers 503.
+That is this host, not the serving path being compared; ``--router-stale-after-ms 600`` shows it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import itertools
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import aiohttp
+import redis.asyncio as aioredis
+
+from services.common.clock import SYSTEM_CLOCK
+from services.edge.apikeys import ApiKeyStore
+from services.localstack.procs import ManagedProcess, ProcessFailed
+from services.localstack.redis_server import RedisServer, free_port
+from services.worker.tinymodel import build_tiny_model
+
+MODEL = "tiny-llama"
+PROMPT = [{"role": "user", "content": "Tell me about the edge of the network."}]
+ENGINE_FLAGS = [
+    "--dtype",
+    "float32",
+    "--max-model-len",
+    "256",
+    "--max-num-seqs",
+    "16",
+    "--gpu-memory-utilization",
+    "0.15",
+    "--enforce-eager",
+]
+
+
+@dataclass(slots=True)
+class RequestRecord:
+    ttft_s: float
+    gaps_s: list[float]
+    tokens: int
+
+
+@dataclass(slots=True)
+class RunResult:
+    records: list[RequestRecord] = field(default_factory=list)
+    wall_s: float = 0.0
+
+    @property
+    def tokens_per_s(self) -> float:
+        return sum(r.tokens for r in self.records) / self.wall_s if self.wall_s else 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    base_url: str  # ".../v1"
+    api_key: str
+    pids: tuple[int, ...] = ()  # the system's processes (their children are found in /proc)
+
+
+# -- the client --------------------------------------------------------------------------------
+
+
+async def one_request(
+    session: aiohttp.ClientSession, endpoint: Endpoint, tokens: int
+) -> RequestRecord:
+    body = {
+        "model": MODEL,
+        "messages": PROMPT,
+        "max_tokens": tokens,
+        "temperature": 0.0,
+        "ignore_eos": True,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    headers = {"Authorization": f"Bearer {endpoint.api_key}"}
+    start = time.perf_counter()
+    stamps: list[float] = []
+    used = 0
+    async with session.post(
+        f"{endpoint.base_url}/chat/completions", json=body, headers=headers
+    ) as resp:
+        if resp.status != 200:
+            raise RuntimeError(f"HTTP {resp.status}: {(await resp.text())[:300]}")
+        async for line in resp.content:
+            if not line.startswith(b"data: ") or line.startswith(b"data: [DONE]"):
+                continue
+            chunk = json.loads(line[6:])
+            choices = chunk.get("choices") or []
+            if choices and choices[0].get("delta", {}).get("content"):
+                stamps.append(time.perf_counter())
+            if chunk.get("usage"):
+                used = int(chunk["usage"]["completion_tokens"])
+    if not stamps:
+        raise RuntimeError("the stream carried no content")
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
+    return RequestRecord(ttft_s=stamps[0] - start, gaps_s=gaps, tokens=used)
+
+
+async def closed_loop(
+    endpoint: Endpoint, *, concurrency: int, requests: int, tokens: int
+) -> RunResult:
+    """``concurrency`` streams kept busy until ``requests`` are done."""
+    result = RunResult()
+    remaining = requests
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    timeout = aiohttp.ClientTimeout(total=300)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def lane() -> None:
+            nonlocal remaining
+            while remaining > 0:
+                remaining -= 1
+                result.records.append(await one_request(session, endpoint, tokens))
+
+        start = time.perf_counter()
+        await asyncio.gather(*(lane() for _ in range(concurrency)))
+        result.wall_s = time.perf_counter() - start
+    return result
+
+
+# -- the systems -------------------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def meridian(
+    model_dir: Path, workdir: Path, *, stale_after_ms: int
+) -> AsyncIterator[Endpoint]:
+    """Redis, one vLLM worker, the router and the edge, as ``make run ENGINE=vllm`` starts
+    them, minus the delay proxy (no network distance to add here).
+
+    ``stale_after_ms`` is the router's: how old a worker's last load report may be before the
+    worker counts as down (see ``--router-stale-after-ms``).
+    """
+    python = sys.executable
+    redis = RedisServer(run_dir=workdir / "redis")
+    procs: list[ManagedProcess] = []
+
+    def proc(name: str, module: str, *args: str) -> ManagedProcess:
+        ready = workdir / f"{name}.ready"
+        p = ManagedProcess(
+            name=name,
+            argv=[python, "-m", module, "--ready-file", str(ready), "--log-level", "info", *args],
+            log_path=workdir / f"{name}.log",
+            ready_file=ready,
+        )
+        procs.append(p)
+        return p
+
+    try:
+        await redis.start()
+        worker = proc(
+            "worker",
+            "services.worker",
+            "--engine",
+            "vllm",
+            "--model",
+            str(model_dir),
+            "--served-model-name",
+            MODEL,
+            "--worker-id",
+            "bench-1",
+            "--region",
+            "local",
+            *ENGINE_FLAGS,
+        )
+        await worker.start()
+        w = await worker.wait_ready(180)
+        router = proc(
+            "router",
+            "services.router",
+            "--worker",
+            f"127.0.0.1:{w['port']}",
+            "--stale-after-ms",
+            str(stale_after_ms),
+        )
+        await router.start()
+        r = await router.wait_ready(30)
+        edge = proc(
+            "edge",
+            "services.edge",
+            "--port",
+            "0",
+            "--redis-url",
+            redis.url,
+            "--router",
+            f"127.0.0.1:{r['port']}",
+        )
+        await edge.start()
+        e = await edge.wait_ready(30)
+        client = aioredis.Redis.from_url(redis.url)
+        try:
+            key, _ = await ApiKeyStore(redis=client, clock=SYSTEM_CLOCK).create("bench")
+        finally:
+            await client.aclose()
+        base = f"http://127.0.0.1:{e['port']}"
+        await wait_http(f"{base}/readyz", procs, timeout_s=300)
+        yield Endpoint(f"{base}/v1", key, tuple(p.pid for p in procs if p.pid is not None))
+    finally:
+        for p in reversed(procs):
+            await p.stop(grace_s=30)
+        await redis.stop()
+
+
+@contextlib.asynccontextmanager
+async def vllm_serve(
+    model_dir: Path, workdir: Path, *, stale_after_ms: int
+) -> AsyncIterator[Endpoint]:
+    """vLLM's own OpenAI server with the same engine settings."""
+    port = free_port()
+    server = ManagedProcess(
+        name="vllm-serve",
+        argv=[
+            sys.executable,
+            "-m",
+            "vllm.entrypoints.openai.api_server",
+            "--model",
+            str(model_dir),
+            "--served-model-name",
+            MODEL,
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--seed",
+            "0",
+            *ENGINE_FLAGS,
+        ],
+        log_path=workdir / "vllm-serve.log",
+    )
+    try:
+        await server.start()
+        base = f"http://127.0.0.1:{port}"
+        await wait_http(f"{base}/v1/models", [server], timeout_s=300)
+        yield Endpoint(f"{base}/v1", "none", (server.pid,) if server.pid is not None else ())
+    finally:
+        await server.stop(grace_s=30)
+
+
+async def wait_http(url: str, procs: Sequence[ManagedProcess], *, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    async with aiohttp.ClientSession() as session:
+        while True:
+            for p in procs:
+                if not p.alive():
+                    raise ProcessFailed(f"{p.name} exited:\n{p.log_tail()}")
+            with contextlib.suppress(aiohttp.ClientError):
+                async with session.get(url) as resp:
+                    if resp.status == 200:
+                        return
+            if time.monotonic() > deadline:
+                raise ProcessFailed(f"{url} not ready after {timeout_s:.0f}s")
+            await asyncio.sleep(0.2)
+
+
+SYSTEMS = {"meridian": meridian, "vllm": vllm_serve}
+LABELS = {"meridian": "meridian", "vllm": "vllm serve"}
+
+
+# -- figures -----------------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    ordered = sorted(values)
+    if not ordered:
+        return float("nan")
+    index = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[index]
+
+
+@dataclass(frozen=True, slots=True)
+class Summary:
+    ttft_p50_ms: float
+    ttft_p99_ms: float
+    itl_p50_ms: float
+    itl_p99_ms: float
+    tokens_per_s: float
+    runs_tokens_per_s: tuple[float, ...]
+    chunks_per_request: float
+
+
+def summarize(runs: Sequence[RunResult]) -> Summary:
+    """Percentiles over every measured request of every run; tokens/s is the median run's."""
+    records = [r for run in runs for r in run.records]
+    ttfts = [r.ttft_s * 1000 for r in records]
+    gaps = [g * 1000 for r in records for g in r.gaps_s]
+    rates = tuple(run.tokens_per_s for run in runs)
+    return Summary(
+        ttft_p50_ms=percentile(ttfts, 50),
+        ttft_p99_ms=percentile(ttfts, 99),
+        itl_p50_ms=percentile(gaps, 50),
+        itl_p99_ms=percentile(gaps, 99),
+        tokens_per_s=statistics.median(rates),
+        runs_tokens_per_s=rates,
+        chunks_per_request=statistics.mean(len(r.gaps_s) + 1 for r in records),
+    )
+
+
+def print_table(results: dict[str, Summary]) -> None:
+    names = list(results)
+    rows = [
+        ("TTFT p50 (ms)", "ttft_p50_ms"),
+        ("TTFT p99 (ms)", "ttft_p99_ms"),
+        ("ITL p50 (ms)", "itl_p50_ms"),
+        ("ITL p99 (ms)", "itl_p99_ms"),
+        ("tokens/s", "tokens_per_s"),
+        ("content chunks/request", "chunks_per_request"),
+    ]
+    header = f"{'':<24}" + "".join(f"{LABELS[n]:>14}" for n in names)
+    both = {"meridian", "vllm"} <= set(results)
+    print(header + (f"{'meridian/vllm':>15}{'meridian-vllm':>15}" if both else ""))
+    for label, attr in rows:
+        line = f"{label:<24}" + "".join(f"{getattr(results[n], attr):>14.2f}" for n in names)
+        if both:
+            m, v = getattr(results["meridian"], attr), getattr(results["vllm"], attr)
+            line += f"{m / v:>15.3f}{m - v:>+15.2f}"
+        print(line)
+    for n in names:
+        runs = ", ".join(f"{r:.0f}" for r in results[n].runs_tokens_per_s)
+        print(f"{LABELS[n]} tokens/s per run: {runs}")
+
+
+# -- main --------------------------------------------------------------------------------------
+
+
+def cpu_seconds(roots: Sequence[int]) -> float:
+    """CPU time used so far by ``roots`` and every process below them (from /proc)."""
+    parents: dict[int, int] = {}
+    used: dict[int, float] = {}
+    tick = os.sysconf("SC_CLK_TCK")
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2 :].split()
+        parents[int(entry.name)] = int(fields[1])
+        used[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
+    tree = set(roots)
+    grew = True
+    while grew:
+        children = {pid for pid, parent in parents.items() if parent in tree} - tree
+        grew = bool(children)
+        tree |= children
+    return sum(used.get(pid, 0.0) for pid in tree)
+
+
+async def interleaved(
+    endpoints: dict[str, Endpoint], args: argparse.Namespace
+) -> dict[str, list[RunResult]]:
+    """``--pairs`` pairs of runs, one system after the other, the order swapped every pair.
+
+    Both systems stay up and the load alternates: one runs while the other idles (an idle
+    vLLM engine waits on its queue; the CPU the idle system used during the other's run is
+    printed). Short alternating runs put both under the same background load, which on a
+    shared host drifts by more than the difference being measured.
+    """
+    names = list(endpoints)
+    for name in names:
+        await closed_loop(
+            endpoints[name],
+            concurrency=args.concurrency,
+            requests=args.warmup,
+            tokens=args.tokens,
+        )
+    runs: dict[str, list[RunResult]] = {name: [] for name in names}
+    for pair in range(args.pairs):
+        order = names if pair % 2 == 0 else names[::-1]
+        line = []
+        for name in order:
+            idle = [n for n in names if n != name]
+            idle_before = {n: cpu_seconds(endpoints[n].pids) for n in idle}
+            run = await closed_loop(
+                endpoints[name],
+                concurrency=args.concurrency,
+                requests=args.requests,
+                tokens=args.tokens,
+            )
+            idle_cpu = sum(cpu_seconds(endpoints[n].pids) - idle_before[n] for n in idle)
+            runs[name].append(run)
+            ttft = percentile([r.ttft_s * 1000 for r in run.records], 50)
+            line.append(
+                f"{LABELS[name]} {run.tokens_per_s:.0f} tok/s TTFT p50 {ttft:.1f} ms "
+                f"(idle other: {idle_cpu:.2f} CPU s)"
+            )
+        print(f"  pair {pair + 1}: " + " | ".join(line), flush=True)
+    return runs
+
+
+def pair_figures(runs: dict[str, list[RunResult]]) -> None:
+    """Per-pair tokens/s ratio and TTFT p50 difference, meridian against vllm serve."""
+    if not {"meridian", "vllm"} <= set(runs):
+        return
+    ratios = []
+    deltas = []
+    for m, v in zip(runs["meridian"], runs["vllm"], strict=True):
+        ratios.append(m.tokens_per_s / v.tokens_per_s)
+        deltas.append(
+            percentile([r.ttft_s * 1000 for r in m.records], 50)
+            - percentile([r.ttft_s * 1000 for r in v.records], 50)
+        )
+    print(
+        "per pair, meridian/vllm tokens/s: "
+        + ", ".join(f"{r:.3f}" for r in ratios)
+        + f" (median {statistics.median(ratios):.3f})"
+    )
+    print(
+        "per pair, meridian-vllm TTFT p50 ms: "
+        + ", ".join(f"{d:+.1f}" for d in deltas)
+        + f" (median {statistics.median(deltas):+.1f})"
+    )
+    ratio = statistics.median(ratios)
+    delta = statistics.median(deltas)
+    print(
+        f"\ngoal tokens/s >= 90 % of vllm serve: {ratio:.1%} "
+        f"({'met' if ratio >= 0.9 else 'missed'})"
+    )
+    print(
+        f"goal TTFT p50 within 5 ms of vllm serve: {delta:+.1f} ms "
+        f"({'met' if delta <= 5.0 else 'missed'})"
+    )
+
+
+async def main(args: argparse.Namespace) -> None:
+    model_dir = build_tiny_model(args.model_dir)
+    print(
+        f"concurrency {args.concurrency}, {args.requests} requests x {args.tokens} tokens per "
+        f"run, {args.pairs} pairs of runs, {os.cpu_count()} CPUs, model {model_dir}, "
+        f"host load average {os.getloadavg()[0]:.1f}\n",
+        flush=True,
+    )
+    async with contextlib.AsyncExitStack() as stack:
+        endpoints = {}
+        for name in args.systems:  # started one after the other: a start loads the CPU
+            workdir = Path(tempfile.mkdtemp(prefix=f"meridian-bench-{name}-"))
+            started = time.perf_counter()
+            endpoints[name] = await stack.enter_async_context(
+                SYSTEMS[name](model_dir, workdir, stale_after_ms=args.router_stale_after_ms)
+            )
+            print(f"{LABELS[name]}: up in {time.perf_counter() - started:.1f} s ({workdir})")
+        runs = await interleaved(endpoints, args)
+    print()
+    print_table({name: summarize(r) for name, r in runs.items()})
+    pair_figures(runs)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m bench.vllm_vs_serve", description=__doc__)
+    p.add_argument(
+        "--model-dir", type=Path, default=Path(tempfile.gettempdir()) / "meridian-tiny-llama"
+    )
+    p.add_argument("--concurrency", type=int, default=8)
+    p.add_argument("--requests", type=int, default=96)
+    p.add_argument("--tokens", type=int, default=128)
+    p.add_argument("--warmup", type=int, default=16)
+    p.add_argument("--pairs", type=int, default=10, help="measured runs of each system")
+    p.add_argument(
+        "--router-stale-after-ms",
+        type=int,
+        default=5000,
+        help="the router's --stale-after-ms (its default is 600; see the module docstring)",
+    )
+    p.add_argument(
+        "--systems",
+        type=lambda s: [x.strip() for x in s.split(",")],
+        default=["meridian", "vllm"],
+        help="which to run, in order: meridian, vllm",
+    )
+    args = p.parse_args(argv)
+    unknown = [s for s in args.systems if s not in SYSTEMS]
+    if unknown:
+        p.error(f"--systems: unknown {unknown}; expected some of {sorted(SYSTEMS)}")
+    if min(args.concurrency, args.requests, args.pairs) < 1 or args.warmup < 0:
+        p.error("--concurrency, --requests and --pairs must be >= 1, --warmup >= 0")
+    if not 1 <= args.tokens <= 200:
+        p.error("--tokens must be 1..200 (the context is 256 tokens)")
+    return args
+
+
+if __name__ == "__main__":
+    asyncio.run(main(parse_args()))

@@ -1,0 +1,151 @@
+"""``make run ENGINE=vllm``, as a user runs it: ``python -m services.localstack --engine vllm``
+(what the make target executes) with real processes, the official OpenAI SDK, then SIGTERM.
+
+Started once for the module in a private state folder with ``EDGE_PORT=0``, so it never
+collides with a stack the developer is running. The last test stops it and checks that no
+process (the vLLM engine core included) and no listening port is left behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import openai
+import pytest
+
+from services.localstack.config import DEFAULT_VLLM_MODEL
+from tests.vllm.procs import REPO, alive, descendants
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+
+@dataclass
+class LocalStack:
+    proc: subprocess.Popen[bytes]
+    state: Path
+    info: dict[str, Any]
+    key: str
+    log: Path
+
+    @property
+    def base_url(self) -> str:
+        return f"{self.info['edge_url']}/v1"
+
+    def client(self) -> openai.OpenAI:
+        return openai.OpenAI(base_url=self.base_url, api_key=self.key, max_retries=0)
+
+    def ports(self) -> list[int]:
+        addrs = [self.info["edge_url"], self.info["router"], self.info["redis_url"].split("/")[2]]
+        for w in self.info["workers"].values():
+            addrs += [w["direct"], w["proxied"]]
+        return [int(a.rsplit(":", 1)[1]) for a in addrs]
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+    state = tmp_path_factory.mktemp("meridian-state")
+    log = state / "localstack.log"
+    env = {**os.environ, "EDGE_PORT": "0", "MERIDIAN_STATE_DIR": str(state)}
+    env.pop("REDIS_URL", None)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "services.localstack", "--engine", "vllm"],
+            cwd=REPO,
+            env=env,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+        )
+    info_file = state / "run" / "stack.json"
+    deadline = time.monotonic() + 300  # builds the tiny model, imports vLLM, loads the engine
+    while not info_file.exists():
+        if proc.poll() is not None or time.monotonic() > deadline:
+            proc.kill()
+            pytest.fail(f"the vLLM stack did not come up:\n{log.read_text()[-4000:]}")
+        time.sleep(0.1)
+    info = json.loads(info_file.read_text())
+    key = (state / "demo-key").read_text().strip()
+    yield LocalStack(proc, state, info, key, log)
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=120)
+
+
+def test_the_stack_serves_the_tiny_model_from_one_vllm_worker(stack: LocalStack) -> None:
+    assert stack.info["model"] == DEFAULT_VLLM_MODEL
+    assert list(stack.info["workers"]) == ["kr-vllm-1"]
+    assert [m.id for m in stack.client().models.list()] == [DEFAULT_VLLM_MODEL]
+    assert (stack.state / "tiny-model" / "config.json").is_file()
+    worker_log = (stack.state / "run" / "logs" / "kr-vllm-1.log").read_text()
+    assert '"engine":"vllm"' in worker_log
+
+
+def test_chat_and_streamed_chat_come_from_the_vllm_worker(stack: LocalStack) -> None:
+    client = stack.client()
+    raw = client.chat.completions.with_raw_response.create(
+        model=DEFAULT_VLLM_MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=8
+    )
+    done = raw.parse()
+    assert raw.headers["x-meridian-worker"] == "kr-vllm-1"
+    assert done.choices[0].finish_reason == "length"
+    assert done.usage is not None
+    assert done.usage.completion_tokens == 8
+    chunks = list(
+        client.chat.completions.create(
+            model=DEFAULT_VLLM_MODEL,
+            messages=[{"role": "user", "content": "hi"}],
+            max_tokens=8,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+    )
+    assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 8
+
+
+def test_a_request_the_model_cannot_fit_is_a_400_naming_max_tokens(stack: LocalStack) -> None:
+    client = stack.client()
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(
+            model=DEFAULT_VLLM_MODEL,
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=1000,
+        )
+    assert isinstance(raised.value.body, dict)
+    assert raised.value.body["param"] == "max_tokens"
+    assert "256-token context" in raised.value.body["message"]
+
+
+def test_sigterm_leaves_no_process_no_engine_core_and_no_port(stack: LocalStack) -> None:
+    pids = list(stack.info["pids"].values())
+    engine = descendants(stack.info["pids"]["kr-vllm-1"])
+    assert engine, "the vLLM worker runs its engine core in child processes"
+    ports = stack.ports()
+
+    stack.proc.send_signal(signal.SIGTERM)
+    assert stack.proc.wait(timeout=120) == 0
+
+    deadline = time.monotonic() + 30
+    left = [*pids, *engine]
+    while left and time.monotonic() < deadline:
+        left = [p for p in left if alive(p)]
+        time.sleep(0.05)
+    assert left == [], f"processes left behind: {left}"
+    assert [p for p in ports if _listening(p)] == []
+    assert "stopped." in stack.log.read_text()
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
