@@ -1,10 +1,14 @@
 """Process entry points: event loop, signals and the ready file.
 
 Every service's ``__main__`` calls :func:`run`, which installs uvloop, turns SIGTERM and SIGINT
-into a stop event the service awaits (graceful shutdown: stop accepting, drain, exit), and makes
-a second signal exit at once. A service announces it is listening by writing a small JSON
-*ready file* (its bound ports) atomically, so a supervisor can start it on port 0 without racing
-for free ports.
+into a stop event the service awaits (graceful shutdown: stop accepting, drain, exit). A second
+Ctrl-C (SIGINT) exits at once — the user means it. Repeated SIGTERMs are ignored: supervisors
+deliver them in bursts (``make`` forwards its own SIGTERM while the process group also gets
+one; a parent's death signal follows), and exiting on the second one would skip the drain and
+orphan children such as vLLM's engine core.
+
+A service announces it is listening by writing a small JSON *ready file* (its bound ports)
+atomically, so a supervisor can start it on port 0 without racing for free ports.
 """
 
 from __future__ import annotations
@@ -26,17 +30,17 @@ def run(serve: Callable[[asyncio.Event], Awaitable[None]]) -> None:
     async def main() -> None:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
-        signals_seen = 0
 
-        def on_signal() -> None:
-            nonlocal signals_seen
-            signals_seen += 1
-            if signals_seen > 1:
+        def on_sigterm() -> None:
+            stop.set()
+
+        def on_sigint() -> None:
+            if stop.is_set():
                 os._exit(130)  # second Ctrl-C: the user means it
             stop.set()
 
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, on_signal)
+        loop.add_signal_handler(signal.SIGTERM, on_sigterm)
+        loop.add_signal_handler(signal.SIGINT, on_sigint)
         await serve(stop)
 
     uvloop.run(main())
