@@ -154,10 +154,12 @@ class ResilientRouter:
             return models_from_view(view)
 
     async def ready(self) -> bool:
+        """Some model can be served now: by the router's word, or — while it is unreachable —
+        by the last view (a healthy worker whose model is loaded, not merely a live worker)."""
         if await self.client.ready():
             return True
         view = self._usable_view()
-        return view is not None and any(w.healthy for w in view.workers)
+        return view is not None and len(models_from_view(view).models) > 0
 
     def report_outcome(self, report: router_pb2.OutcomeReport) -> None:
         self.client.report_outcome(report)

@@ -116,3 +116,26 @@ async def test_without_a_view_an_unreachable_router_is_a_503() -> None:
     assert (counters.router_unreachable, counters.route_fallback_unavailable) == (1, 1)
     assert not await router.ready()
     await router.close()
+
+
+@pytest.mark.parametrize(
+    ("workers", "ready"),
+    [
+        ([worker("w", state=worker_pb2.MODEL_STATE_LOADING)], False),  # alive, model loading
+        ([worker("w", healthy=False)], False),
+        ([worker("w", state=worker_pb2.MODEL_STATE_LOADING), worker("v")], True),
+    ],
+)
+async def test_readiness_from_the_view_needs_a_loaded_model(
+    workers: list[router_pb2.WorkerView], ready: bool
+) -> None:
+    clock = ManualClock()
+    router = ResilientRouter(
+        client=RouterClient(f"127.0.0.1:{free_port()}", timeout_s=0.5),  # unreachable
+        clock=clock,
+        counters=EdgeCounters(),
+        config=ViewConfig(),
+    )
+    router._view = router_pb2.RouterView(workers=workers)  # the last view it had, just now
+    router._view_at = clock.monotonic()
+    assert await router.ready() is ready
