@@ -7,78 +7,39 @@ no process and no listening port is left behind.
 
 from __future__ import annotations
 
-import json
 import os
 import signal
-import socket
-import subprocess
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import openai
 import pytest
+
+from tests.support.stackproc import StackProcess, alive, listening, start_stack_process
 
 REPO = Path(__file__).resolve().parents[2]
 pytestmark = pytest.mark.slow
 
 
-@dataclass
-class MakeRun:
-    proc: subprocess.Popen[bytes]
-    state: Path
-    info: dict[str, Any]
-    key: str
-    log: Path
-
-    @property
-    def base_url(self) -> str:
-        return f"{self.info['edge_url']}/v1"
-
-    def ports(self) -> list[int]:
-        addrs = [self.info["edge_url"].rsplit(":", 1)[1], self.info["router"].rsplit(":", 1)[1]]
-        for w in self.info["workers"].values():
-            addrs += [w["direct"].rsplit(":", 1)[1], w["proxied"].rsplit(":", 1)[1]]
-        addrs.append(self.info["redis_url"].rsplit(":", 1)[1].split("/")[0])
-        return [int(a) for a in addrs]
-
-
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[MakeRun]:
-    state = tmp_path_factory.mktemp("meridian-state")
-    log = state / "make-run.log"
-    env = {**os.environ, "EDGE_PORT": "0", "MERIDIAN_STATE_DIR": str(state)}
-    env.pop("REDIS_URL", None)
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            ["make", "-s", "run"], cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT
-        )
-    info_file = state / "run" / "stack.json"
-    deadline = time.monotonic() + 90
-    while not info_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"make run did not come up:\n{log.read_text()[-4000:]}")
-        time.sleep(0.1)
-    info = json.loads(info_file.read_text())
-    key = (state / "demo-key").read_text().strip()
-    run = MakeRun(proc, state, info, key, log)
-    yield run
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=60)
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackProcess]:
+    try:
+        running = start_stack_process(["make", "-s", "run"], tmp_path_factory.mktemp("state"))
+    except RuntimeError as err:
+        pytest.fail(str(err))
+    yield running
+    running.stop()
 
 
-def test_banner_prints_url_and_key(stack: MakeRun) -> None:
+def test_banner_prints_url_and_key(stack: StackProcess) -> None:
     out = stack.log.read_text()
     assert stack.info["edge_url"] in out
     assert stack.key in out
     assert oct((stack.state / "demo-key").stat().st_mode & 0o777) == "0o600"
 
 
-def test_sync_client_chat_and_stream(stack: MakeRun) -> None:
+def test_sync_client_chat_and_stream(stack: StackProcess) -> None:
     client = openai.OpenAI(base_url=stack.base_url, api_key=stack.key, max_retries=0)
     models = [m.id for m in client.models.list()]
     assert models == [stack.info["model"]]
@@ -101,7 +62,7 @@ def test_sync_client_chat_and_stream(stack: MakeRun) -> None:
     assert "".join(pieces)
 
 
-async def test_async_client_chat_and_stream(stack: MakeRun) -> None:
+async def test_async_client_chat_and_stream(stack: StackProcess) -> None:
     client = openai.AsyncOpenAI(base_url=stack.base_url, api_key=stack.key, max_retries=0)
     done = await client.chat.completions.create(
         model=stack.info["model"], messages=[{"role": "user", "content": "hello"}], max_tokens=4
@@ -117,7 +78,7 @@ async def test_async_client_chat_and_stream(stack: MakeRun) -> None:
     assert finishes[-1] == "length"
 
 
-def test_wrong_key_and_malformed_request(stack: MakeRun) -> None:
+def test_wrong_key_and_malformed_request(stack: StackProcess) -> None:
     bad = openai.OpenAI(base_url=stack.base_url, api_key="mk-" + "A" * 43, max_retries=0)
     with pytest.raises(openai.AuthenticationError):
         bad.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
@@ -129,7 +90,7 @@ def test_wrong_key_and_malformed_request(stack: MakeRun) -> None:
     assert "top_p" in str(exc.value)
 
 
-def test_killing_a_worker_process_does_not_fail_new_requests(stack: MakeRun) -> None:
+def test_killing_a_worker_process_does_not_fail_new_requests(stack: StackProcess) -> None:
     client = openai.OpenAI(base_url=stack.base_url, api_key=stack.key, max_retries=0)
     os.kill(stack.info["pids"]["kr-1"], signal.SIGKILL)
     for _ in range(10):
@@ -141,35 +102,17 @@ def test_killing_a_worker_process_does_not_fail_new_requests(stack: MakeRun) -> 
         assert done.choices[0].message.content is not None
 
 
-def test_sigterm_leaves_no_process_and_no_port(stack: MakeRun) -> None:
+def test_sigterm_leaves_no_process_and_no_port(stack: StackProcess) -> None:
     pids = list(stack.info["pids"].values())
     ports = stack.ports()
     stack.proc.send_signal(signal.SIGTERM)
     assert stack.proc.wait(timeout=60) is not None
     deadline = time.monotonic() + 10
-    alive = pids
-    while alive and time.monotonic() < deadline:
-        alive = [p for p in pids if _alive(p)]
+    left = pids
+    while left and time.monotonic() < deadline:
+        left = [p for p in pids if alive(p)]
         time.sleep(0.05)
-    assert alive == [], f"processes left behind: {alive}"
-    listening = [p for p in ports if _listening(p)]
-    assert listening == [], f"ports still listening: {listening}"
+    assert left == [], f"processes left behind: {left}"
+    open_ports = [p for p in ports if listening(p)]
+    assert open_ports == [], f"ports still listening: {open_ports}"
     assert "stopped." in stack.log.read_text()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    # A zombie is dead for our purposes.
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
-    except OSError:
-        return False
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        s.settimeout(0.5)
-        return s.connect_ex(("127.0.0.1", port)) == 0

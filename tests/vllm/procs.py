@@ -115,12 +115,3 @@ def descendants(pid: int) -> set[int]:
         frontier = {child for child, parent in parents.items() if parent in frontier}
         found |= frontier
     return found
-
-
-def alive(pid: int) -> bool:
-    """Running (a zombie that no one has reaped yet counts as gone)."""
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"

@@ -8,79 +8,39 @@ process (the vLLM engine core included) and no listening port is left behind.
 
 from __future__ import annotations
 
-import json
-import os
 import signal
 import socket
-import subprocess
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import openai
 import pytest
 
 from services.localstack.config import DEFAULT_VLLM_MODEL
-from tests.vllm.procs import REPO, alive, descendants
+from tests.support.stackproc import StackProcess, alive, start_stack_process
+from tests.vllm.procs import descendants
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
 
-@dataclass
-class LocalStack:
-    proc: subprocess.Popen[bytes]
-    state: Path
-    info: dict[str, Any]
-    key: str
-    log: Path
-
-    @property
-    def base_url(self) -> str:
-        return f"{self.info['edge_url']}/v1"
-
-    def client(self) -> openai.OpenAI:
-        return openai.OpenAI(base_url=self.base_url, api_key=self.key, max_retries=0)
-
-    def ports(self) -> list[int]:
-        addrs = [self.info["edge_url"], self.info["router"], self.info["redis_url"].split("/")[2]]
-        for w in self.info["workers"].values():
-            addrs += [w["direct"], w["proxied"]]
-        return [int(a.rsplit(":", 1)[1]) for a in addrs]
-
-
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LocalStack]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackProcess]:
     state = tmp_path_factory.mktemp("meridian-state")
-    log = state / "localstack.log"
-    env = {**os.environ, "EDGE_PORT": "0", "MERIDIAN_STATE_DIR": str(state)}
-    env.pop("REDIS_URL", None)
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
+    # Builds the tiny model, imports vLLM and loads the engine before stack.json appears.
+    try:
+        running = start_stack_process(
             [sys.executable, "-m", "services.localstack", "--engine", "vllm"],
-            cwd=REPO,
-            env=env,
-            stdout=out,
-            stderr=subprocess.STDOUT,
+            state,
+            timeout_s=300,
         )
-    info_file = state / "run" / "stack.json"
-    deadline = time.monotonic() + 300  # builds the tiny model, imports vLLM, loads the engine
-    while not info_file.exists():
-        if proc.poll() is not None or time.monotonic() > deadline:
-            proc.kill()
-            pytest.fail(f"the vLLM stack did not come up:\n{log.read_text()[-4000:]}")
-        time.sleep(0.1)
-    info = json.loads(info_file.read_text())
-    key = (state / "demo-key").read_text().strip()
-    yield LocalStack(proc, state, info, key, log)
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(timeout=120)
+    except RuntimeError as err:
+        pytest.fail(str(err))
+    yield running
+    running.stop(timeout_s=120)
 
 
-def test_the_stack_serves_the_tiny_model_from_one_vllm_worker(stack: LocalStack) -> None:
+def test_the_stack_serves_the_tiny_model_from_one_vllm_worker(stack: StackProcess) -> None:
     assert stack.info["model"] == DEFAULT_VLLM_MODEL
     assert list(stack.info["workers"]) == ["kr-vllm-1"]
     assert [m.id for m in stack.client().models.list()] == [DEFAULT_VLLM_MODEL]
@@ -89,7 +49,7 @@ def test_the_stack_serves_the_tiny_model_from_one_vllm_worker(stack: LocalStack)
     assert '"engine":"vllm"' in worker_log
 
 
-def test_chat_and_streamed_chat_come_from_the_vllm_worker(stack: LocalStack) -> None:
+def test_chat_and_streamed_chat_come_from_the_vllm_worker(stack: StackProcess) -> None:
     client = stack.client()
     raw = client.chat.completions.with_raw_response.create(
         model=DEFAULT_VLLM_MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=8
@@ -113,7 +73,7 @@ def test_chat_and_streamed_chat_come_from_the_vllm_worker(stack: LocalStack) -> 
     assert chunks[-1].usage.completion_tokens == 8
 
 
-def test_a_request_the_model_cannot_fit_is_a_400_naming_max_tokens(stack: LocalStack) -> None:
+def test_a_request_the_model_cannot_fit_is_a_400_naming_max_tokens(stack: StackProcess) -> None:
     client = stack.client()
     with pytest.raises(openai.BadRequestError) as raised:
         client.chat.completions.create(
@@ -126,7 +86,7 @@ def test_a_request_the_model_cannot_fit_is_a_400_naming_max_tokens(stack: LocalS
     assert "256-token context" in raised.value.body["message"]
 
 
-def test_sigterm_leaves_no_process_no_engine_core_and_no_port(stack: LocalStack) -> None:
+def test_sigterm_leaves_no_process_no_engine_core_and_no_port(stack: StackProcess) -> None:
     pids = list(stack.info["pids"].values())
     engine = descendants(stack.info["pids"]["kr-vllm-1"])
     assert engine, "the vLLM worker runs its engine core in child processes"

@@ -32,8 +32,9 @@ from services.edge.upstream import GenerateCall, RouterClient
 from services.router.scheduling.types import ModelState, WorkerSnapshot
 from tests.support.inproc import RunningEdge, RunningRouter, start_edge, start_router
 from tests.support.redis_proc import RedisProcess
+from tests.support.stackproc import alive
 from tests.support.wait import eventually
-from tests.vllm.procs import WorkerProcess, alive, descendants, start_vllm_worker
+from tests.vllm.procs import WorkerProcess, descendants, start_vllm_worker
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
 
