@@ -253,19 +253,26 @@ async def _attempt(
     started: float,
     tracer: trace.Tracer,
 ) -> UpstreamStream:
-    span = tracer.start_span(
-        "edge.attempt",
-        kind=SpanKind.CLIENT,
-        attributes={
-            mn.WORKER: cand.worker_id,
-            mn.REGION: cand.region,
-            "meridian.attempt": attempts,
-            "server.address": cand.address,
-        },
-    )
+    request_span = trace.get_current_span()
+    span: trace.Span
+    if request_span.is_recording():
+        span = tracer.start_span(
+            "edge.attempt",
+            kind=SpanKind.CLIENT,
+            attributes={
+                mn.WORKER: cand.worker_id,
+                mn.REGION: cand.region,
+                "meridian.attempt": attempts,
+                "server.address": cand.address,
+            },
+        )
+    else:
+        # Unsampled request: nothing to record, but the worker must still get the trace
+        # context (with its "not sampled" flag) so that it does not start a trace of its own.
+        span = trace.NonRecordingSpan(request_span.get_span_context())
     generate.decision_id = decision_id
-    with trace.use_span(span, end_on_exit=False):
-        call = workers.generate(cand.address, generate, timeout_s=None, metadata=inject_metadata())
+    metadata = inject_metadata(trace.set_span_in_context(span))
+    call = workers.generate(cand.address, generate, timeout_s=None, metadata=metadata)
     # What to tell the router if this attempt does not become a stream.
     outcome: Outcome = router_pb2.OUTCOME_CANCELLED
     failed = True

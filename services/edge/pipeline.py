@@ -98,6 +98,10 @@ def _bind_traced(stage: Stage, call_next: Next, tracer: trace.Tracer) -> Next:
 
     async def run(ctx: ChatContext) -> web.StreamResponse:
         parent = otel_context.get_current()
+        if not trace.get_current_span(parent).is_recording():
+            # The request is not sampled: its stage spans would be dropped anyway, so skip
+            # creating them and switching contexts. This is what keeps ratio sampling cheap.
+            return await stage(ctx, call_next)
         span = tracer.start_span(span_name, context=parent)
         handed_over = False
 

@@ -113,6 +113,30 @@ async def test_one_request_is_one_trace_across_edge_router_and_worker(
     assert worker.attributes["gen_ai.usage.output_tokens"] == 6
 
 
+async def test_a_client_that_says_not_sampled_gets_no_spans_recorded_anywhere(
+    traced_stack: tuple[LocalStack, OtlpReceiver],
+) -> None:
+    """An incoming ``traceparent`` with the sampled flag off is honoured on every hop: the edge
+    records nothing for it and passes "not sampled" on, so the router and worker record
+    nothing either (they are parent-based). A sampled request sent afterwards is the barrier:
+    once its spans from all three services have arrived, any earlier span would have too."""
+    stack, receiver = traced_stack
+    unsampled = "0af7651916cd43dd8448eb211c80319c"
+    assert await chat(stack, stream=True, traceparent=f"00-{unsampled}-{CLIENT_SPAN}-00") == 200
+    assert await chat(stack, stream=False, traceparent=f"00-{CLIENT_TRACE}-{CLIENT_SPAN}-01") == 200
+
+    def services() -> set[str]:
+        return {s.service for s in receiver.trace(CLIENT_TRACE)}
+
+    await eventually(
+        lambda: {"meridian-edge", "meridian-router", "meridian-worker"} <= services(),
+        timeout_s=15,
+    )
+    assert receiver.trace(unsampled) == []
+    # ...and no hop started a trace of its own for it either.
+    assert {s.trace_id for s in receiver.spans if s.service != "meridian-edge"} == {CLIENT_TRACE}
+
+
 async def scrape(url: str) -> dict[str, list[tuple[dict[str, str], float]]]:
     async with aiohttp.ClientSession() as http, http.get(url) as resp:
         assert resp.status == 200
