@@ -25,7 +25,7 @@ from services.common.logs import event
 from services.worker.engine import Engine
 from services.worker.engines import ENGINE_NAMES, EngineConfigError, build_engine
 from services.worker.observability import WorkerTelemetry
-from services.worker.service import WorkerService
+from services.worker.service import EARLY_REPORT_LOAD, WorkerService
 
 log = logging.getLogger("meridian.worker")
 
@@ -50,6 +50,16 @@ def _positive_float(value: str) -> float:
     return f
 
 
+def _fraction(value: str) -> float:
+    try:
+        f = float(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+    if not 0.0 <= f <= 1.0:
+        raise argparse.ArgumentTypeError(f"must be within [0, 1], got {value}")
+    return f
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m services.worker",
@@ -65,6 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--ready-file", type=Path, help="write {'port': N} here once listening")
     p.add_argument("--report-interval-ms", type=_positive_float, default=100.0)
+    p.add_argument(
+        "--early-report-load",
+        type=_fraction,
+        default=EARLY_REPORT_LOAD,
+        help="from this load (0..1) a request ending pushes a load report at once, so routers "
+        "that refuse work near saturation see the room (default: %(default)s)",
+    )
     p.add_argument("--drain-grace-s", type=_positive_float, default=10.0)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     g = p.add_argument_group("model")
@@ -102,6 +119,7 @@ async def serve(args: argparse.Namespace, engine: Engine, stop: asyncio.Event) -
         worker_id=args.worker_id,
         region=args.region,
         report_interval_s=args.report_interval_ms / 1000,
+        early_report_load=args.early_report_load,
         telemetry=WorkerTelemetry(
             tracer=tel.tracer,
             meter=tel.meter,

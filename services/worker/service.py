@@ -35,6 +35,11 @@ log = logging.getLogger("meridian.worker")
 
 MIN_REPORT_INTERVAL_S = 0.02
 MAX_REPORT_INTERVAL_S = 10.0
+#: Load (running + waiting over batch capacity, or KV-cache use) from which a request ending
+#: pushes a load report early. Routers refuse traffic near saturation (95-98 % by default), so
+#: a worker they last saw nearly full is refused work it already has room for until its next
+#: periodic report; below this load a stale report changes no decision.
+EARLY_REPORT_LOAD = 0.9
 
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):
@@ -46,8 +51,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         region: str,
         version: str = "0.1.0",
         report_interval_s: float = 0.1,
+        early_report_load: float = EARLY_REPORT_LOAD,
         telemetry: WorkerTelemetry | None = None,
     ) -> None:
+        if not 0.0 <= early_report_load <= 1.0:
+            raise ValueError(f"early_report_load must be within [0, 1], got {early_report_load}")
         self._engine = engine
         self.telemetry = telemetry or WorkerTelemetry()
         self._worker_id = worker_id
@@ -60,6 +68,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._idle.set()
         self._admissions = AdmissionLog()
         self._changed = asyncio.Event()
+        self._early_report_load = early_report_load
+        self._reported_load = 0.0  # the load in the newest report sent
+        self._early_report: asyncio.TimerHandle | None = None
 
     @property
     def draining(self) -> bool:
@@ -73,6 +84,21 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         """Push a load report to every watcher now (model loaded, draining...)."""
         self._changed.set()
         self._changed = asyncio.Event()
+
+    def _capacity_freed(self) -> None:
+        """A request ended. If routers last saw this worker nearly full, tell them it has room
+        without waiting for the next periodic report: one early report per
+        ``MIN_REPORT_INTERVAL_S`` however many requests end (which also lets an engine's own
+        counters catch up), and none on a worker that was not near saturation."""
+        if self._early_report is not None or self._reported_load < self._early_report_load:
+            return
+        self._early_report = asyncio.get_running_loop().call_later(
+            MIN_REPORT_INTERVAL_S, self._send_early_report
+        )
+
+    def _send_early_report(self) -> None:
+        self._early_report = None
+        self.notify_state_change()
 
     # --- RPCs -----------------------------------------------------------------------------
 
@@ -147,6 +173,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self._inflight.pop(engine_request.request_id, None)
             if not self._inflight:
                 self._idle.set()
+            self._capacity_freed()
             prompt_tokens = last.prompt_tokens if last else 0
             completion_tokens = last.completion_tokens if last else 0
             self.telemetry.record(
@@ -226,7 +253,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             draining=self._draining,
             reports_admissions=True,
         )
-        convert.load_to_pb(self._engine.load(), report)
+        load = self._engine.load()
+        convert.load_to_pb(load, report)
+        slots = (load.running + load.waiting) / load.max_running if load.max_running > 0 else 0.0
+        self._reported_load = max(slots, load.kv_cache_usage)
         return report
 
     async def drain(self, grace_s: float) -> int:
