@@ -3,18 +3,12 @@
 Affinity (a warm prefix, a conversation's last worker) is worth some prefill; a far region
 costs its whole extra round trip on every first token. Past ``max_extra_rtt_ms`` above the
 nearest candidate's measured RTT, affinity stops counting. An unmeasured RTT is no evidence of
-distance and passes.
+distance and passes. The nearest RTT is ``Candidates.nearest_rtt_ms()`` (once per decision).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-
 from services.router.scheduling.types import WorkerSnapshot
-
-
-def nearest_rtt_ms(candidates: Iterable[WorkerSnapshot]) -> float | None:
-    return min((w.rtt_ms for w in candidates if w.rtt_ms is not None), default=None)
 
 
 def too_far(worker: WorkerSnapshot, nearest_ms: float | None, max_extra_rtt_ms: float) -> bool:

@@ -166,7 +166,7 @@ class Scheduler:
             return self._empty(query, workers, view, rejected, ns, started)
 
         whole = kept is view.candidates  # no plain filter removed anyone: view indices hold
-        candidates = Candidates(kept, view.find if whole else None)
+        candidates = Candidates(kept, view.find, view.nearest_rtt_ms) if whole else Candidates(kept)
         totals = list(base)  # the view's copy stays untouched; sparse scorers add to this one
         plain_scores: list[Mapping[str, float]] = []
         boosted: list[int] = []

@@ -43,7 +43,7 @@ from itertools import accumulate, compress, repeat
 from time import perf_counter_ns
 from typing import Any
 
-from services.router.scheduling.plugin import WorkerFilter, WorkerScorer
+from services.router.scheduling.plugin import WorkerFilter, WorkerScorer, nearest_rtt_ms
 from services.router.scheduling.types import (
     Contribution,
     NoCandidate,
@@ -59,6 +59,13 @@ _LE = operator.le
 _SHORTLIST = 32  # members of a fresh shortlist (more on ties)
 _MIN_DEPTH = 8  # rebuild it when fewer kept members than this are known to be at the top
 _MAX_SHORTLIST = 4 * _SHORTLIST  # or when climbers have made it this long
+
+
+class _Stale:
+    """A cached value to recompute (``None`` is a valid value)."""
+
+
+_STALE = _Stale()
 
 Timings = dict[str, int]
 
@@ -83,6 +90,7 @@ class ClassView:
         "empty",
         "floor",
         "keys",
+        "nearest",
         "pos_of",
         "positions",
         "raw",
@@ -116,6 +124,25 @@ class ClassView:
         self.contributions: dict[int, tuple[WorkerSnapshot, tuple[Contribution, ...]]] = {}
         # (rejected, reason, retry, explanation) of the last empty decision, while it holds
         self.empty: tuple[tuple[Rejection, ...], NoCandidate, float | None, str] | None = None
+        # The candidates' smallest measured RTT (the affinity scorers' distance gate); _STALE:
+        # recompute on next use. Kept through patches that cannot have changed it.
+        self.nearest: float | _Stale | None = _STALE
+
+    def nearest_rtt_ms(self) -> float | None:
+        if isinstance(self.nearest, _Stale):
+            self.nearest = nearest_rtt_ms(self.candidates)
+        return self.nearest
+
+    def rtt_changed(self, old: float | None, new: float | None) -> None:
+        """A kept candidate's RTT went from ``old`` to ``new``: keep the minimum when that
+        cannot have moved it, or lower it, else leave it to be recomputed."""
+        nearest = self.nearest
+        if isinstance(nearest, _Stale) or old == new:
+            return
+        if new is not None and (nearest is None or new <= nearest):
+            self.nearest = new
+        elif old is not None and nearest is not None and old <= nearest:
+            self.nearest = _STALE  # the nearest one moved away: someone else may be nearest now
 
     def find(self, worker_id: str) -> int | None:
         """The candidate index of the worker with this id, or ``None`` if it is not one."""
@@ -279,6 +306,7 @@ class Incremental:
         # Running count of kept workers: a kept worker's candidate index.
         view.slot_of = list(accumulate(keep, initial=-1))[1:]
         view.crowded = False
+        view.nearest = _STALE
 
     def _patch(
         self,
@@ -298,6 +326,8 @@ class Incremental:
                 new = old  # rejected again for the same reason: the rejections stand as they are
             if view.workers[p].worker_id != batch[j].worker_id:
                 view.pos_of = None  # a different worker at this position
+            if new is None and old is None:
+                view.rtt_changed(view.workers[p].rtt_ms, batch[j].rtt_ms)
             view.workers[p] = batch[j]
             view.update(p, new, static[j])
             if old is not new:

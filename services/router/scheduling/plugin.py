@@ -28,9 +28,18 @@ Two refinements, both for speed in CPython (see ``incremental.py``):
 from __future__ import annotations
 
 import abc
+import functools
 import operator
 import random
-from collections.abc import Callable, Collection, Hashable, Iterator, Mapping, Sequence
+from collections.abc import (
+    Callable,
+    Collection,
+    Hashable,
+    Iterable,
+    Iterator,
+    Mapping,
+    Sequence,
+)
 from dataclasses import dataclass
 from typing import ClassVar, Generic, Self, TypeVar, overload
 
@@ -47,6 +56,15 @@ from services.router.scheduling.types import (
 K = TypeVar("K", bound=Hashable)
 
 _WORKER_ID = operator.attrgetter("worker_id")
+_RTT_MS = operator.attrgetter("rtt_ms")
+_IS_MEASURED = functools.partial(operator.is_not, None)
+
+
+class _Unset:
+    """Not computed yet (``None`` is a valid answer)."""
+
+
+_UNSET = _Unset()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -64,16 +82,19 @@ class Candidates(Sequence[WorkerSnapshot]):
     one decision only.
     """
 
-    __slots__ = ("_find", "_index", "_workers")
+    __slots__ = ("_find", "_index", "_nearest", "_nearest_rtt_ms", "_workers")
 
     def __init__(
         self,
         workers: Sequence[WorkerSnapshot],
         find: Callable[[str], int | None] | None = None,
+        nearest: Callable[[], float | None] | None = None,
     ) -> None:
         self._workers = workers
         self._find = find
+        self._nearest = nearest  # kept across decisions by the framework, when it has one
         self._index: dict[str, int] | None = None
+        self._nearest_rtt_ms: float | _Unset | None = _UNSET
 
     def __len__(self) -> int:
         return len(self._workers)
@@ -100,6 +121,25 @@ class Candidates(Sequence[WorkerSnapshot]):
     def get(self, worker_id: str) -> WorkerSnapshot | None:
         i = self.index_of(worker_id)
         return None if i is None else self._workers[i]
+
+    def nearest_rtt_ms(self) -> float | None:
+        """The smallest measured RTT among the candidates (``None``: none measured).
+
+        From the framework's view when it keeps one across decisions (updated as snapshots
+        change), else computed once per decision however many scorers ask.
+        """
+        if isinstance(self._nearest_rtt_ms, _Unset):
+            if self._nearest is not None:
+                self._nearest_rtt_ms = self._nearest()
+            else:
+                self._nearest_rtt_ms = nearest_rtt_ms(self._workers)
+        return self._nearest_rtt_ms
+
+
+def nearest_rtt_ms(workers: Iterable[WorkerSnapshot]) -> float | None:
+    """The smallest measured RTT in ``workers``, in one C-level pass (no Python frame per
+    worker; still ~50 µs at 1,000 workers, hence the caching above)."""
+    return min(filter(_IS_MEASURED, map(_RTT_MS, workers)), default=None)
 
 
 @dataclass(frozen=True, slots=True)

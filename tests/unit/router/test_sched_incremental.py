@@ -3,6 +3,7 @@ class are evaluated again, and a long-lived scheduler decides exactly as a fresh
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import random
 from collections.abc import Sequence
@@ -17,6 +18,7 @@ from services.router.scheduling.filters.healthy import HealthyFilter
 from services.router.scheduling.filters.model import ModelReadyFilter
 from services.router.scheduling.filters.residency import ResidencyFilter
 from services.router.scheduling.framework import Scheduler, WeightedScorer
+from services.router.scheduling.incremental import Incremental
 from services.router.scheduling.params import Params
 from services.router.scheduling.pickers.max_score import MaxScorePicker
 from services.router.scheduling.plugin import (
@@ -27,6 +29,7 @@ from services.router.scheduling.plugin import (
 from services.router.scheduling.profile import load_profile
 from services.router.scheduling.scorers.latency import LatencyScorer
 from services.router.scheduling.types import (
+    Decision,
     ModelState,
     ModelStatus,
     Priority,
@@ -179,3 +182,47 @@ def test_incremental_decisions_equal_decisions_from_scratch(n: int, calm: bool) 
             step
         )
         assert got.explanation.split(" [")[0] == want.explanation.split(" [")[0], step
+
+
+def test_the_views_nearest_rtt_follows_every_patch_exactly() -> None:
+    """The candidates' smallest RTT (the affinity scorers' distance gate) is kept across
+    decisions instead of scanned per query; after any sequence of changes — a worker coming
+    nearer, the nearest one moving away or losing its measurement, workers leaving and
+    joining the candidates — it must equal a scan from scratch."""
+    rng = random.Random(11)
+    inc = Incremental(filters=[HealthyFilter()], scorers=[(LatencyScorer(), 1.0)])
+    rows = [w(f"w{i}", rtt_ms=rng.uniform(1, 200)) for i in range(60)]
+    for step in range(2_000):
+        for _ in range(rng.choice((0, 1, 1, 2, 4))):
+            i = rng.randrange(len(rows))
+            rtt = rng.choice((None, rng.uniform(1, 200), rows[i].rtt_ms))
+            rows[i] = dataclasses.replace(
+                rows[i], rtt_ms=rtt, healthy=rng.random() > 0.05, in_flight=rng.randint(0, 3)
+            )
+        view = inc.view(q(), rows, collections.defaultdict(int))
+        measured = [c.rtt_ms for c in view.candidates if c.rtt_ms is not None]
+        assert view.nearest_rtt_ms() == min(measured, default=None), step
+
+
+def test_affinity_sees_a_new_nearest_worker_when_the_old_one_moves_away() -> None:
+    """Session affinity to a worker 60 ms away is gated while another sits at 5 ms; once that
+    one's RTT rises to 100 ms, the same (long-lived, incremental) scheduler must let the
+    session's worker win on affinity."""
+    clock = ManualClock()
+    sched = load_profile(DEFAULT_PROFILE, clock=clock, rng=random.Random(0))
+    near, held = w("near", rtt_ms=5.0, max_running=64), w("held", rtt_ms=60.0, max_running=64)
+    for session in ("s1", "s2"):  # both conversations start on "held"
+        query = q(session_id=session, exclude_worker_ids=frozenset({"near"}))
+        assert sched.schedule(query, [near, held]).ranked[0].worker.worker_id == "held"
+
+    gated = sched.schedule(q(session_id="s2"), [near, held])  # s2 moves on; s1 stays on "held"
+    assert _contribution(gated, "held", "session-affinity") == 0.0
+
+    moved = dataclasses.replace(near, rtt_ms=100.0)
+    ungated = sched.schedule(q(session_id="s1"), [moved, held])
+    assert _contribution(ungated, "held", "session-affinity") > 0.0
+
+
+def _contribution(decision: Decision, worker_id: str, plugin: str) -> float:
+    (row,) = [r for r in decision.ranked if r.worker.worker_id == worker_id]
+    return sum(c.weighted for c in row.contributions if c.signal == plugin)

@@ -35,7 +35,7 @@ from collections.abc import Mapping
 from typing import ClassVar, Self
 
 from services.common.clock import Clock
-from services.router.scheduling.distance import nearest_rtt_ms, too_far
+from services.router.scheduling.distance import too_far
 from services.router.scheduling.params import Params, check_positive, require
 from services.router.scheduling.plugin import Candidates, PluginContext, PostPick, Scorer
 from services.router.scheduling.types import Decision, RouteQuery, WorkerSnapshot
@@ -100,7 +100,7 @@ class PrefixAffinityScorer(Scorer, PostPick):
         if not matches:
             return {}
         n = min(len(hashes), self.max_blocks)
-        nearest = nearest_rtt_ms(candidates)
+        nearest = candidates.nearest_rtt_ms()
         out = {}
         for wid, m in matches.items():
             worker = candidates.get(wid)

@@ -29,7 +29,7 @@ from collections.abc import Mapping
 from typing import ClassVar, Self
 
 from services.common.clock import Clock
-from services.router.scheduling.distance import nearest_rtt_ms, too_far
+from services.router.scheduling.distance import too_far
 from services.router.scheduling.loadmodel import worker_load
 from services.router.scheduling.params import Params, check_positive, require
 from services.router.scheduling.plugin import Candidates, PluginContext, PostPick, Scorer
@@ -87,7 +87,7 @@ class SessionAffinityScorer(Scorer, PostPick):
         w = candidates.get(worker_id)
         if w is None or worker_load(w) >= self.max_load:
             return {}
-        if too_far(w, nearest_rtt_ms(candidates), self.max_extra_rtt_ms):
+        if too_far(w, candidates.nearest_rtt_ms(), self.max_extra_rtt_ms):
             return {}
         return {worker_id: 1.0}
 
