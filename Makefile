@@ -59,7 +59,7 @@ lint: $(BASE_STAMP)
 	$(VENV)/bin/ruff format --check services tests bench tools
 
 typecheck: $(GEN_STAMP)
-	$(VENV)/bin/mypy services
+	$(VENV)/bin/mypy services bench
 
 check-imports: $(BASE_STAMP)
 	$(PY) tools/check_imports.py

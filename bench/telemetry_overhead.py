@@ -171,7 +171,7 @@ def tracing_off_us(n: int = 20_000) -> float:
 async def main(args: argparse.Namespace) -> None:
     sink = Sink()
     server = grpc.aio.server()
-    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(sink, server)
+    trace_service_pb2_grpc.add_TraceServiceServicer_to_server(sink, server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     results: dict[str, list[tuple[float, float]]] = {m: [] for m in MODES}

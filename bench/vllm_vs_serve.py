@@ -60,7 +60,9 @@ import aiohttp
 import redis.asyncio as aioredis
 
 from services.common.clock import SYSTEM_CLOCK
-from services.edge.apikeys import ApiKeyStore
+from services.edge.apikeys import KeyHasher, load_pepper, new_pepper
+from services.edge.directory import Directory
+from services.edge.tenants import Tenant
 from services.localstack.procs import ManagedProcess, ProcessFailed
 from services.localstack.redis_server import RedisServer, free_port
 from services.worker.tinymodel import build_tiny_model
@@ -222,21 +224,30 @@ async def meridian(
         )
         await router.start()
         r = await router.wait_ready(30)
+        pepper = workdir / "key-pepper"
+        pepper.write_text(new_pepper() + "\n")
+        pepper.chmod(0o600)
         edge = proc(
             "edge",
             "services.edge",
             "--port",
             "0",
+            "--plain-http",
             "--redis-url",
             redis.url,
             "--router",
             f"127.0.0.1:{r['port']}",
+            "--key-pepper-file",
+            str(pepper),
         )
         await edge.start()
         e = await edge.wait_ready(30)
         client = aioredis.Redis.from_url(redis.url)
         try:
-            key, _ = await ApiKeyStore(redis=client, clock=SYSTEM_CLOCK).create("bench")
+            hasher = KeyHasher(load_pepper(file=pepper))
+            directory = Directory(redis=client, hasher=hasher, clock=SYSTEM_CLOCK)
+            await directory.ensure_tenant(Tenant(tenant_id="bench"))
+            key, _ = await directory.create_key("bench", name="vllm_vs_serve")
         finally:
             await client.aclose()
         base = f"http://127.0.0.1:{e['port']}"
