@@ -37,8 +37,11 @@ CHANNEL_OPTIONS: Sequence[tuple[str, int]] = (
     ("grpc.http2.max_pings_without_data", 0),
     # Reconnect fast after a worker restarts instead of backing off for minutes.
     ("grpc.initial_reconnect_backoff_ms", 200),
-    ("grpc.min_reconnect_backoff_ms", 200),
     ("grpc.max_reconnect_backoff_ms", 2_000),
+    # Despite its name, gRPC core uses this as the *minimum connect timeout*: the time one
+    # connection attempt gets to finish TCP and the HTTP/2 settings exchange. At 200 ms, a
+    # region more than ~130 ms of RTT away never connected (and a loaded host flaked).
+    ("grpc.min_reconnect_backoff_ms", 5_000),
     ("grpc.enable_retries", 0),
 )
 

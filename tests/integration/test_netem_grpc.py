@@ -80,3 +80,22 @@ async def test_a_grpc_call_fails_over_a_refuse_cut_and_succeeds_after_restore(
     assert reply.status == SERVING
     # The cut reset the first connection; the channel had to open a second one after restore.
     assert proxy.stats().connections_total == 2
+
+
+async def test_a_channel_connects_to_a_region_a_quarter_second_away(grpc_port: int) -> None:
+    """Our channels reconnect fast (200 ms backoff) but give one connection attempt far longer
+    than that: the server's HTTP/2 settings arrive only after the link's one-way delay, and a
+    channel that gave up at 200 ms could never reach a region across an ocean."""
+    route = Route(
+        name="far",
+        upstream_host="127.0.0.1",
+        upstream_port=grpc_port,
+        link=LinkProfile(delay_ms=250),
+    )
+    async with (
+        DelayProxy(route) as far,
+        insecure_channel(f"127.0.0.1:{far.port}") as channel,
+    ):
+        status, elapsed = await timed_check(health_pb2_grpc.HealthStub(channel))
+    assert status == SERVING
+    assert elapsed >= 0.5  # connection set-up and the call both crossed the link
