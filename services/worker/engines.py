@@ -74,12 +74,26 @@ def _build_sim(args: argparse.Namespace) -> Engine:
     return SimEngine(config)
 
 
+def _check_local_model(model: str) -> None:
+    """A ``--model`` written as a path must be a model folder. vLLM would otherwise take it
+    for a Hugging Face name and fail minutes later with "Repo id must use alphanumeric
+    chars" (or try to download it). Names like ``org/model`` are left to vLLM."""
+    if not model.startswith(("/", "./", "../", "~")):
+        return
+    folder = Path(model).expanduser()
+    if not folder.is_dir():
+        raise EngineConfigError(f"--model {model}: no such model folder")
+    if not (folder / "config.json").is_file():
+        raise EngineConfigError(f"--model {model}: not a model folder (no config.json in it)")
+
+
 def _build_vllm(args: argparse.Namespace) -> Engine:
     # vllm_config does not import vllm: flags are checked before the 3.5 GB import.
     from services.worker.vllm_config import VllmConfig
 
     if not args.model:
         raise EngineConfigError("--model is required with --engine vllm (a folder or HF name)")
+    _check_local_model(args.model)
     options: dict[str, Any] = {
         "max_model_len": args.max_model_len,
         "max_num_seqs": args.max_num_seqs,

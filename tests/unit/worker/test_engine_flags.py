@@ -1,0 +1,38 @@
+"""Worker engine flags are checked before anything loads: a bad one stops start-up with a
+message naming it (and for vLLM, before the multi-gigabyte import)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from services.worker.engines import EngineConfigError, build_engine
+from services.worker.main import build_parser, main
+
+BASE = ["--worker-id", "w1", "--region", "kr", "--engine", "vllm"]
+
+
+def test_a_model_path_that_does_not_exist_is_refused_by_name(tmp_path: Path) -> None:
+    missing = tmp_path / "no-such-model"
+    with pytest.raises(EngineConfigError, match=f"--model {missing}: no such model folder"):
+        build_engine(build_parser().parse_args([*BASE, "--model", str(missing)]))
+
+
+def test_a_folder_without_a_model_config_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(EngineConfigError, match="not a model folder"):
+        build_engine(build_parser().parse_args([*BASE, "--model", str(tmp_path)]))
+
+
+def test_vllm_needs_a_model() -> None:
+    with pytest.raises(EngineConfigError, match="--model is required"):
+        build_engine(build_parser().parse_args(BASE))
+
+
+def test_a_bad_engine_flag_ends_start_up_with_a_usage_error(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main([*BASE, "--model", str(tmp_path / "missing")])
+    assert exited.value.code == 2
+    assert "no such model folder" in capsys.readouterr().err
