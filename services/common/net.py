@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from urllib.parse import urlsplit, urlunsplit
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
 
@@ -21,3 +22,14 @@ def parse_address(value: str) -> str:
     elif not _HOST_RE.match(host):
         raise ValueError(f"{value!r}: invalid host name")
     return f"{host}:{int(port)}"
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password replaced by ``***`` (``redis://user:pw@h`` →
+    ``redis://user:***@h``), for messages and banners: a URL may carry a credential."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rpartition("@")[2]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))

@@ -17,15 +17,19 @@ import asyncio
 import json
 import os
 import signal
+import sys
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import uvloop
 
+from services.common.startup import StartupError
+
 
 def run(serve: Callable[[asyncio.Event], Awaitable[None]]) -> None:
-    """Run ``serve(stop)`` until it returns; SIGTERM/SIGINT set ``stop``."""
+    """Run ``serve(stop)`` until it returns; SIGTERM/SIGINT set ``stop``. A
+    :class:`StartupError` ends the process with one line on stderr and status 1."""
 
     async def main() -> None:
         stop = asyncio.Event()
@@ -43,7 +47,18 @@ def run(serve: Callable[[asyncio.Event], Awaitable[None]]) -> None:
         loop.add_signal_handler(signal.SIGINT, on_sigint)
         await serve(stop)
 
-    uvloop.run(main())
+    try:
+        uvloop.run(main())
+    except StartupError as err:
+        print(f"{_program()}: error: {err}", file=sys.stderr, flush=True)
+        raise SystemExit(1) from None
+
+
+def _program() -> str:
+    """How the service was started, for error lines: ``python -m services.edge``."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    name = spec.name.removesuffix(".__main__") if spec is not None else ""
+    return f"python -m {name}" if name else Path(sys.argv[0]).name
 
 
 def write_ready_file(path: Path | None, info: dict[str, Any]) -> None:

@@ -45,6 +45,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from services.common.cli import port
+from services.common.startup import StartupError, start_site
 
 # Seconds. From the GenAI semantic conventions (gen_ai.server.time_to_first_token).
 TTFT_BUCKETS: Sequence[float] = (
@@ -314,5 +315,9 @@ async def serve_metrics(telemetry: Telemetry, host: str, port: int) -> tuple[web
     runner = web.AppRunner(metrics_app(telemetry), access_log=None)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
-    await site.start()
+    try:
+        await start_site(site, "metrics", host, port)
+    except StartupError:
+        await runner.cleanup()
+        raise
     return runner, int(runner.addresses[0][1])

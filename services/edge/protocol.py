@@ -39,6 +39,7 @@ from services.common.errors import (
     RateLimited,
 )
 from services.common.logs import event
+from services.common.startup import listen_failed
 from services.edge.counters import EdgeCounters
 from services.edge.guard import GuardConfig, IpBuckets, Occupancy, Refusal, client_ip
 from services.edge.httperrors import HeadersTooLarge, RequestTimeout
@@ -248,15 +249,18 @@ class Listener:
                 access_log=None,
             )
 
-        self._listening = await loop.create_server(
-            factory,
-            self._host,
-            self._port,
-            ssl=self._ssl,
-            ssl_handshake_timeout=cfg.tls_handshake_timeout_s if self._ssl else None,
-            backlog=self._backlog,
-            reuse_address=True,
-        )
+        try:
+            self._listening = await loop.create_server(
+                factory,
+                self._host,
+                self._port,
+                ssl=self._ssl,
+                ssl_handshake_timeout=cfg.tls_handshake_timeout_s if self._ssl else None,
+                backlog=self._backlog,
+                reuse_address=True,
+            )
+        except OSError as err:
+            raise listen_failed("the public API", self._host, self._port, err) from None
         sock = self._listening.sockets[0]
         return int(sock.getsockname()[1])
 

@@ -24,6 +24,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.startup import start_site
 from services.common.telemetry import Telemetry
 from services.edge.admin import AdminDeps, build_admin_app, token_digest
 from services.edge.apikeys import KeyHasher
@@ -244,7 +245,7 @@ class EdgeServer:
             self._admin_runner = web.AppRunner(admin, access_log=None)
             await self._admin_runner.setup()
             site = web.TCPSite(self._admin_runner, cfg.admin_host, cfg.admin_port)
-            await site.start()
+            await start_site(site, "the admin API", cfg.admin_host, cfg.admin_port)
             self.admin_port = int(self._admin_runner.addresses[0][1])
         self._spawn(self.auth.listen(self._redis, self._stop))
         self._spawn(self.limiter.run(self._stop))

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 
 from services.common import runtime
+from services.common.net import redact_url
 from services.localstack.config import StackConfigError, load_stack_config
 from services.localstack.procs import ProcessFailed
 from services.localstack.stack import REPO_ROOT, LocalStack
@@ -69,7 +70,7 @@ Meridian local stack is up.
   Model:                     {ep.model}{tls}
   Admin API:                 {ep.admin_url}   (token in {stack.run_dir / "secrets" / "admin-token"})
   Router:                    {ep.router}   (debug view: {ep.router_debug_url}/debug/view)
-  Redis:                     {ep.redis_url}
+  Redis:                     {redact_url(ep.redis_url)}
   Workers (through the delay proxy):
 {rows}
 

@@ -61,6 +61,7 @@ class ManagedProcess:
         self._env = env
         self.proc: asyncio.subprocess.Process | None = None
         self.ready_info: dict[str, Any] = {}
+        self._log_start = 0  # where this run's output begins (the log is appended to)
 
     @property
     def pid(self) -> int | None:
@@ -71,6 +72,7 @@ class ManagedProcess:
             self.ready_file.unlink(missing_ok=True)
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         log = self.log_path.open("ab")
+        self._log_start = log.tell()
         try:
             self.proc = await asyncio.create_subprocess_exec(
                 *self.argv,
@@ -143,8 +145,11 @@ class ManagedProcess:
                 self.proc.kill()
 
     def log_tail(self, lines: int = 20) -> str:
+        """The last lines this run wrote (earlier runs' output stays in the file)."""
         try:
-            text = self.log_path.read_text(errors="replace")
+            with self.log_path.open("rb") as f:
+                f.seek(self._log_start)
+                text = f.read().decode(errors="replace")
         except OSError:
             return "(no log)"
-        return "\n".join(text.splitlines()[-lines:])
+        return "\n".join(text.splitlines()[-lines:]) or "(no output)"

@@ -18,8 +18,10 @@ from pathlib import Path
 
 import aiohttp
 import redis.asyncio as aioredis
+import redis.exceptions
 
 from services.common.clock import SYSTEM_CLOCK
+from services.common.net import redact_url
 from services.edge.apikeys import KeyHasher, load_pepper, new_pepper
 from services.edge.directory import Directory
 from services.edge.selfsigned import write_self_signed
@@ -127,6 +129,7 @@ class LocalStack:
 
     async def _start_redis(self) -> None:
         if self._redis_url:
+            await _check_redis(self._redis_url)
             self.endpoints.redis_url = self._redis_url
             return
         self.redis = RedisServer(run_dir=self.run_dir / "redis")
@@ -312,3 +315,14 @@ class LocalStack:
         await asyncio.gather(*(p.stop(grace_s=15.0) for p in self.workers.values()))
         if self.redis is not None:
             await self.redis.stop()
+
+
+async def _check_redis(url: str) -> None:
+    """A ``REDIS_URL`` the user gave must answer before anything starts on it."""
+    client = aioredis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5)
+    try:
+        await client.ping()
+    except (redis.exceptions.RedisError, OSError) as err:
+        raise ProcessFailed(f"REDIS_URL {redact_url(url)} does not answer: {err}") from None
+    finally:
+        await client.aclose()

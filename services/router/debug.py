@@ -35,6 +35,7 @@ from aiohttp import web
 from meridian.v1 import router_pb2
 from services.common.errors import InvalidRequest, MeridianError
 from services.common.logs import event
+from services.common.startup import start_site
 from services.router.membership import Membership
 from services.router.service import RouterService, error_for, query_from_pb
 from services.router.views import (
@@ -187,7 +188,7 @@ class DebugEndpoint:
         self._runner = web.AppRunner(self.app(), access_log=None)
         await self._runner.setup()
         site = web.TCPSite(self._runner, self._config.host, self._config.port)
-        await site.start()
+        await start_site(site, "the debug endpoint", self._config.host, self._config.port)
         self.port = self._runner.addresses[0][1]
         event(log, "debug.listening", host=self._config.host, port=self.port)
         return self.port

@@ -29,6 +29,7 @@ from services.common import cli, logs, runtime, telemetry
 from services.common.clock import SYSTEM_CLOCK
 from services.common.grpcutil import Health, new_server
 from services.common.logs import event
+from services.common.startup import StartupError, bind_grpc
 from services.router.debug import DebugConfig, DebugEndpoint
 from services.router.discovery import Discovery, DiscoveryConfig
 from services.router.dns import DnsTarget
@@ -171,19 +172,25 @@ async def serve(
     server = new_server()
     router_pb2_grpc.add_RouterServicer_to_server(service, server)
     health.add_to(server)
-    port = server.add_insecure_port(f"{args.host}:{args.port}")
-    await server.start()
-    discovery.start()
+    port = bind_grpc(server, args.host, args.port, "the router's gRPC API")
     endpoint = None
     ready: dict[str, object] = {"port": port, "host": args.host}
+    # Every listener is bound before gRPC starts: a taken port stops the router cleanly.
     if debug is not None:
         endpoint = DebugEndpoint(config=debug, service=service, membership=discovery.membership)
         ready["debug_port"] = await endpoint.start()
     metrics_runner = None
     if args.metrics_port is not None:
-        metrics_runner, ready["metrics_port"] = await telemetry.serve_metrics(
-            tel, args.metrics_host, args.metrics_port
-        )
+        try:
+            metrics_runner, ready["metrics_port"] = await telemetry.serve_metrics(
+                tel, args.metrics_host, args.metrics_port
+            )
+        except StartupError:
+            if endpoint is not None:
+                await endpoint.stop()
+            raise
+    await server.start()
+    discovery.start()
     await health.set_serving(True)
     runtime.write_ready_file(args.ready_file, ready)
     event(

@@ -22,6 +22,7 @@ from meridian.v1 import worker_pb2_grpc
 from services.common import cli, logs, runtime, telemetry
 from services.common.grpcutil import Health, new_server
 from services.common.logs import event
+from services.common.startup import bind_grpc
 from services.worker.engine import Engine
 from services.worker.engines import ENGINE_NAMES, EngineConfigError, build_engine
 from services.worker.observability import WorkerTelemetry
@@ -132,15 +133,15 @@ async def serve(args: argparse.Namespace, engine: Engine, stop: asyncio.Event) -
     server = new_server()
     worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
     health.add_to(server)
-    port = server.add_insecure_port(f"{args.host}:{args.port}")
-    await server.start()
-    await health.set_serving(False)
+    port = bind_grpc(server, args.host, args.port, "the worker's gRPC API")
     ready: dict[str, object] = {"port": port, "host": args.host}
     metrics_runner = None
-    if args.metrics_port is not None:
+    if args.metrics_port is not None:  # bound before gRPC starts: a taken port stops us cleanly
         metrics_runner, ready["metrics_port"] = await telemetry.serve_metrics(
             tel, args.metrics_host, args.metrics_port
         )
+    await server.start()
+    await health.set_serving(False)
     runtime.write_ready_file(args.ready_file, ready)
     event(log, "worker.listening", port=port, engine=engine.name, region=args.region)
 

@@ -1,0 +1,46 @@
+"""A child that fails to start is reported with *its own* last lines: the log file is appended
+to across runs, and an old run's traceback must not pass for this one's error."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+from services.localstack.procs import ManagedProcess, ProcessFailed
+from services.localstack.stack import _check_redis
+
+
+def child(tmp_path: Path, message: str) -> ManagedProcess:
+    code = f"import sys; print({message!r}, file=sys.stderr); sys.exit(3)"
+    return ManagedProcess(
+        name="child",
+        argv=[sys.executable, "-c", code],
+        log_path=tmp_path / "child.log",
+        ready_file=tmp_path / "child.ready",
+    )
+
+
+async def test_a_failed_start_shows_only_this_runs_output(tmp_path: Path) -> None:
+    first = child(tmp_path, "old failure from an earlier run")
+    await first.start()
+    with pytest.raises(ProcessFailed):
+        await first.wait_ready(10)
+
+    second = child(tmp_path, "error: cannot listen on 127.0.0.1:8080")
+    await second.start()
+    with pytest.raises(ProcessFailed) as failed:
+        await second.wait_ready(10)
+    message = str(failed.value)
+    assert "child exited with code 3" in message
+    assert "cannot listen on 127.0.0.1:8080" in message
+    assert "earlier run" not in message
+    assert "earlier run" in (tmp_path / "child.log").read_text()  # history is kept
+
+
+async def test_a_redis_url_that_does_not_answer_stops_the_stack_with_its_password_hidden() -> None:
+    with pytest.raises(
+        ProcessFailed, match=r"REDIS_URL redis://:\*\*\*@127\.0\.0\.1:1 does not answer"
+    ):
+        await _check_redis("redis://:hunter2@127.0.0.1:1")
