@@ -20,6 +20,7 @@ import os
 import sys
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import aiohttp
 
@@ -53,13 +54,25 @@ def _add_policy(p: argparse.ArgumentParser) -> None:
     _add_limits(p, key_limits=True)
 
 
+def _admin_url(value: str) -> str:
+    parts = urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected http(s)://HOST:PORT")
+    return value.rstrip("/")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m services.edge.keys",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--admin-url", default=os.environ.get(ADMIN_URL_ENV, "http://127.0.0.1:9090"))
+    p.add_argument(
+        "--admin-url",
+        type=_admin_url,
+        default=os.environ.get(ADMIN_URL_ENV, "http://127.0.0.1:9090"),
+        help=f"the edge's admin API (else ${ADMIN_URL_ENV})",
+    )
     p.add_argument("--admin-token-file", type=Path, help=f"else ${ADMIN_TOKEN_ENV}")
     groups = p.add_subparsers(dest="group", required=True)
 

@@ -14,6 +14,7 @@ import aiohttp
 import pytest
 
 from services.common.errors import AuthenticationFailed
+from services.edge.keys import build_parser as build_keys_parser
 from tests.support.inproc import TEST_ADMIN_TOKEN, RunningEdge, start_edge
 from tests.support.redis_proc import free_port
 from tests.support.wait import eventually
@@ -188,3 +189,13 @@ async def test_the_cli_reports_errors_on_stderr(edge: RunningEdge) -> None:
     code, _, err = await cli(edge, "tenant", "get", "ghost")
     assert code == 1
     assert "no tenant" in err
+
+
+@pytest.mark.parametrize("url", ["notaurl", "ftp://edge:9090", "http://"])
+def test_the_cli_refuses_an_admin_url_that_is_not_http(
+    url: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_keys_parser().parse_args(["--admin-url", url, "tenant", "list"])
+    assert exited.value.code == 2
+    assert "--admin-url" in capsys.readouterr().err
