@@ -43,7 +43,13 @@ from itertools import accumulate, compress, repeat
 from time import perf_counter_ns
 from typing import Any
 
-from services.router.scheduling.plugin import WorkerFilter, WorkerScorer, nearest_rtt_ms
+from services.router.scheduling.plugin import (
+    UNSET,
+    Unset,
+    WorkerFilter,
+    WorkerScorer,
+    nearest_rtt_ms,
+)
 from services.router.scheduling.types import (
     Contribution,
     NoCandidate,
@@ -59,13 +65,6 @@ _LE = operator.le
 _SHORTLIST = 32  # members of a fresh shortlist (more on ties)
 _MIN_DEPTH = 8  # rebuild it when fewer kept members than this are known to be at the top
 _MAX_SHORTLIST = 4 * _SHORTLIST  # or when climbers have made it this long
-
-
-class _Stale:
-    """A cached value to recompute (``None`` is a valid value)."""
-
-
-_STALE = _Stale()
 
 Timings = dict[str, int]
 
@@ -124,12 +123,12 @@ class ClassView:
         self.contributions: dict[int, tuple[WorkerSnapshot, tuple[Contribution, ...]]] = {}
         # (rejected, reason, retry, explanation) of the last empty decision, while it holds
         self.empty: tuple[tuple[Rejection, ...], NoCandidate, float | None, str] | None = None
-        # The candidates' smallest measured RTT (the affinity scorers' distance gate); _STALE:
+        # The candidates' smallest measured RTT (the affinity scorers' distance gate); UNSET:
         # recompute on next use. Kept through patches that cannot have changed it.
-        self.nearest: float | _Stale | None = _STALE
+        self.nearest: float | Unset | None = UNSET
 
     def nearest_rtt_ms(self) -> float | None:
-        if isinstance(self.nearest, _Stale):
+        if isinstance(self.nearest, Unset):
             self.nearest = nearest_rtt_ms(self.candidates)
         return self.nearest
 
@@ -137,12 +136,12 @@ class ClassView:
         """A kept candidate's RTT went from ``old`` to ``new``: keep the minimum when that
         cannot have moved it, or lower it, else leave it to be recomputed."""
         nearest = self.nearest
-        if isinstance(nearest, _Stale) or old == new:
+        if isinstance(nearest, Unset) or old == new:
             return
         if new is not None and (nearest is None or new <= nearest):
             self.nearest = new
         elif old is not None and nearest is not None and old <= nearest:
-            self.nearest = _STALE  # the nearest one moved away: someone else may be nearest now
+            self.nearest = UNSET  # the nearest one moved away: someone else may be nearest now
 
     def find(self, worker_id: str) -> int | None:
         """The candidate index of the worker with this id, or ``None`` if it is not one."""
@@ -306,7 +305,7 @@ class Incremental:
         # Running count of kept workers: a kept worker's candidate index.
         view.slot_of = list(accumulate(keep, initial=-1))[1:]
         view.crowded = False
-        view.nearest = _STALE
+        view.nearest = UNSET
 
     def _patch(
         self,

@@ -60,11 +60,11 @@ _RTT_MS = operator.attrgetter("rtt_ms")
 _IS_MEASURED = functools.partial(operator.is_not, None)
 
 
-class _Unset:
-    """Not computed yet (``None`` is a valid answer)."""
+class Unset:
+    """A cached value not computed yet, where ``None`` is a valid value."""
 
 
-_UNSET = _Unset()
+UNSET = Unset()
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -94,7 +94,7 @@ class Candidates(Sequence[WorkerSnapshot]):
         self._find = find
         self._nearest = nearest  # kept across decisions by the framework, when it has one
         self._index: dict[str, int] | None = None
-        self._nearest_rtt_ms: float | _Unset | None = _UNSET
+        self._nearest_rtt_ms: float | Unset | None = UNSET
 
     def __len__(self) -> int:
         return len(self._workers)
@@ -128,7 +128,7 @@ class Candidates(Sequence[WorkerSnapshot]):
         From the framework's view when it keeps one across decisions (updated as snapshots
         change), else computed once per decision however many scorers ask.
         """
-        if isinstance(self._nearest_rtt_ms, _Unset):
+        if isinstance(self._nearest_rtt_ms, Unset):
             if self._nearest is not None:
                 self._nearest_rtt_ms = self._nearest()
             else:
