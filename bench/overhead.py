@@ -27,6 +27,7 @@ from pathlib import Path
 import aiohttp
 import grpc
 
+from bench._edge import ONE_CLIENT_EDGE_ARGS
 from meridian.v1 import worker_pb2, worker_pb2_grpc
 from services.localstack.config import parse_stack_config
 from services.localstack.stack import LocalStack
@@ -158,15 +159,7 @@ async def main(args: argparse.Namespace) -> None:
         run_dir=Path(tempfile.mkdtemp(prefix="meridian-bench-")),
         edge_port=0,
         log_level="warning",
-        # One client IP sends everything: lift the per-IP abuse limits for the benchmark.
-        edge_args=(
-            "--ip-requests-per-s",
-            "0",
-            "--max-streams-per-ip",
-            "10000",
-            "--max-connections-per-ip",
-            "10000",
-        ),
+        edge_args=ONE_CLIENT_EDGE_ARGS,
     )
     await stack.start()
     url, key = stack.endpoints.edge_url, stack.endpoints.demo_key

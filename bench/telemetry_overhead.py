@@ -30,6 +30,7 @@ from opentelemetry import trace
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
 from opentelemetry.trace import SpanKind
 
+from bench._edge import ONE_CLIENT_EDGE_ARGS
 from services.common.tracecontext import extract_headers, inject_metadata
 from services.localstack.config import parse_stack_config
 from services.localstack.stack import LocalStack
@@ -88,15 +89,7 @@ async def run_mode(
         run_dir=run_dir,
         edge_port=0,
         log_level="warning",
-        # One client IP sends everything: lift the per-IP abuse limits for the benchmark.
-        edge_args=(
-            "--ip-requests-per-s",
-            "0",
-            "--max-streams-per-ip",
-            "10000",
-            "--max-connections-per-ip",
-            "10000",
-        ),
+        edge_args=ONE_CLIENT_EDGE_ARGS,
     )
     try:
         await stack.start()
