@@ -47,6 +47,7 @@ MODES: dict[str, dict[str, str]] = {
         "OTEL_TRACES_SAMPLER_ARG": "0.05",
     },
     "traces 100%": {"OTEL_TRACES_SAMPLER": "parentbased_always_on"},
+    "traces 100% sdk": {"OTEL_TRACES_SAMPLER": "parentbased_always_on", "MERIDIAN_TRACER": "sdk"},
 }
 
 
@@ -167,9 +168,10 @@ async def main(args: argparse.Namespace) -> None:
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(sink, server)  # type: ignore[no-untyped-call]
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    results: dict[str, list[tuple[float, float]]] = {m: [] for m in MODES}
+    modes = {m: MODES[m] for m in args.modes}
+    results: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
     for rnd in range(args.rounds):
-        for mode, env in MODES.items():
+        for mode, env in modes.items():
             rps, cpu_us = await run_mode(env, args, f"http://127.0.0.1:{port}")
             results[mode].append((rps, cpu_us))
             print(
@@ -179,6 +181,8 @@ async def main(args: argparse.Namespace) -> None:
             )
     await server.stop(0)
     del server
+    if "disabled" not in results:
+        raise SystemExit("the 'disabled' mode is the baseline: include it in --modes")
     base_rps = max(r for r, _ in results["disabled"])
     base_cpu = min(c for _, c in results["disabled"])
     print(
@@ -211,4 +215,12 @@ if __name__ == "__main__":
     parser.add_argument("--requests", type=int, default=600)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--modes",
+        nargs="+",
+        choices=list(MODES),
+        default=list(MODES),
+        metavar="MODE",
+        help=f"which modes to run (default: all of {list(MODES)}); 'disabled' is the baseline",
+    )
     asyncio.run(main(parser.parse_args()))

@@ -11,7 +11,11 @@ and keep separate registries). Configuration follows the standard ``OTEL_*`` var
   ``…_METRICS_ENDPOINT``) — where OTLP/gRPC goes; unset: no OTLP export;
 - ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER`` — ``none`` stops OTLP export of that
   signal even with an endpoint set (metrics stay on the Prometheus endpoint);
-- ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` — resource identity.
+- ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` — resource identity;
+- ``MERIDIAN_TRACER`` — ``lean`` (default: :mod:`services.common.tracing`, spans cheap enough
+  for 100 % sampling) or ``sdk`` (the SDK's own ``TracerProvider`` and OTLP exporter).
+
+A bad value in any of these stops the service at start with one line naming it.
 
 Metrics are always readable on the service's Prometheus endpoint (:func:`metrics_app`).
 Histogram buckets suit LLM latencies (the GenAI semantic conventions' advice), set by views.
@@ -32,7 +36,7 @@ from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import SpanProcessor, TracerProvider
+from opentelemetry.sdk.trace import SpanProcessor, SynchronousMultiSpanProcessor, TracerProvider
 from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter
 from opentelemetry.sdk.trace.sampling import (
     ALWAYS_OFF,
@@ -41,11 +45,13 @@ from opentelemetry.sdk.trace.sampling import (
     Sampler,
     TraceIdRatioBased,
 )
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from services.common.cli import port
 from services.common.startup import StartupError, start_site
+from services.common.tracing.tracer import LeanTracer
 
 # Seconds. From the GenAI semantic conventions (gen_ai.server.time_to_first_token).
 TTFT_BUCKETS: Sequence[float] = (
@@ -186,6 +192,28 @@ def sampler_from_env(env: Mapping[str, str]) -> Sampler:
     return samplers[name]
 
 
+TRACER_IMPLEMENTATIONS = ("lean", "sdk")
+
+
+def tracer_implementation(env: Mapping[str, str]) -> str:
+    """``MERIDIAN_TRACER``: ``lean`` (default, :mod:`services.common.tracing`) or ``sdk`` (the
+    OpenTelemetry SDK's ``TracerProvider`` and OTLP exporter, unchanged)."""
+    value = env.get("MERIDIAN_TRACER", "lean").strip().lower() or "lean"
+    if value not in TRACER_IMPLEMENTATIONS:
+        raise ValueError(f"MERIDIAN_TRACER {value!r} is not one of {list(TRACER_IMPLEMENTATIONS)}")
+    return value
+
+
+def _otlp_span_exporter(impl: str, endpoint: str) -> SpanExporter:
+    if impl == "sdk":
+        from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
+
+        return OTLPSpanExporter(endpoint=endpoint)
+    from services.common.tracing.otlp_grpc import LeanOtlpSpanExporter
+
+    return LeanOtlpSpanExporter(endpoint=endpoint)
+
+
 @dataclass
 class Telemetry:
     """One service's tracer, meter and Prometheus registry."""
@@ -196,6 +224,7 @@ class Telemetry:
     registry: CollectorRegistry
     tracing_enabled: bool
     _tracer_provider: TracerProvider | None = None
+    _span_processor: SpanProcessor | None = None
     _meter_provider: MeterProvider | None = None
     _extra: list[object] = field(default_factory=list)
 
@@ -203,6 +232,8 @@ class Telemetry:
         """Flush and stop exporters (call on graceful shutdown)."""
         if self._tracer_provider is not None:
             self._tracer_provider.shutdown()
+        if self._span_processor is not None:
+            self._span_processor.shutdown()
         if self._meter_provider is not None:
             self._meter_provider.shutdown()
 
@@ -234,6 +265,11 @@ def setup(
             registry=registry,
             tracing_enabled=False,
         )
+    try:
+        sampler = sampler_from_env(env)
+        impl = tracer_implementation(env)
+    except ValueError as err:
+        raise StartupError(f"telemetry settings: {err}") from None
     attrs = {"service.name": env.get("OTEL_SERVICE_NAME", f"meridian-{service}")}
     attrs.update(resource_attributes or {})
     resource = Resource.create(attrs)  # also reads OTEL_RESOURCE_ATTRIBUTES
@@ -251,26 +287,36 @@ def setup(
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=metrics_endpoint)))
     meter_provider = MeterProvider(resource=resource, metric_readers=readers, views=_views())
 
-    sampler = sampler_from_env(env)
     tracing = sampler is not ALWAYS_OFF
     tracer_provider: TracerProvider | None = None
     tracer: trace.Tracer = trace.NoOpTracer()
+    spans: SpanProcessor | None = None
     if tracing:
-        tracer_provider = TracerProvider(resource=resource, sampler=sampler)
-        for processor in span_processors:
-            tracer_provider.add_span_processor(processor)
+        processors: list[SpanProcessor] = list(span_processors)
         if span_exporter is not None:
-            tracer_provider.add_span_processor(BatchSpanProcessor(span_exporter))
+            processors.append(BatchSpanProcessor(span_exporter))
         traces_endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or env.get(
             "OTEL_EXPORTER_OTLP_ENDPOINT"
         )
         if traces_endpoint and _exporter_on(env, "OTEL_TRACES_EXPORTER"):
-            from opentelemetry.exporter.otlp.proto.grpc.trace_exporter import OTLPSpanExporter
-
-            tracer_provider.add_span_processor(
-                BatchSpanProcessor(OTLPSpanExporter(endpoint=traces_endpoint))
+            processors.append(BatchSpanProcessor(_otlp_span_exporter(impl, traces_endpoint)))
+        scope_name = f"meridian.{service}"
+        if impl == "sdk":
+            tracer_provider = TracerProvider(resource=resource, sampler=sampler)
+            for processor in processors:
+                tracer_provider.add_span_processor(processor)
+            tracer = tracer_provider.get_tracer(scope_name)
+        else:
+            multi = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]
+            for processor in processors:
+                multi.add_span_processor(processor)
+            spans = multi
+            tracer = LeanTracer(
+                resource=resource,
+                sampler=sampler,
+                processor=multi,
+                scope=InstrumentationScope(scope_name),
             )
-        tracer = tracer_provider.get_tracer(f"meridian.{service}")
     return Telemetry(
         service=service,
         tracer=tracer,
@@ -278,6 +324,7 @@ def setup(
         registry=registry,
         tracing_enabled=tracing,
         _tracer_provider=tracer_provider,
+        _span_processor=spans,
         _meter_provider=meter_provider,
     )
 

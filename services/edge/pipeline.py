@@ -115,15 +115,18 @@ def _bind_traced(stage: Stage, call_next: Next, tracer: trace.Tracer) -> Next:
             finally:
                 otel_context.detach(token)
 
+        # The stage's span is current while the stage runs (attach/detach rather than
+        # ``trace.use_span``: same effect, without a generator-based context manager per stage).
+        token = otel_context.attach(trace.set_span_in_context(span, parent))
         try:
-            with trace.use_span(span, end_on_exit=False, record_exception=False):
-                return await stage(ctx, next_stage)
+            return await stage(ctx, next_stage)
         except BaseException as exc:
             if not handed_over:
                 span.set_status(Status(StatusCode.ERROR, type(exc).__name__))
                 span.set_attribute("error.type", type(exc).__name__)
             raise
         finally:
+            otel_context.detach(token)
             if not handed_over:
                 span.end()
 
