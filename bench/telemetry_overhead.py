@@ -21,6 +21,7 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +48,16 @@ MODES: dict[str, dict[str, str]] = {
         "OTEL_TRACES_SAMPLER_ARG": "0.05",
     },
     "traces 100%": {"OTEL_TRACES_SAMPLER": "parentbased_always_on"},
+    "diag no export": {
+        "OTEL_TRACES_SAMPLER": "parentbased_always_on",
+        "OTEL_TRACES_EXPORTER": "none",
+    },
+    "diag edge only": {"OTEL_TRACES_SAMPLER": "parentbased_always_on", "DIAG_EDGE_ONLY": "1"},
+    "diag edge only no export": {
+        "OTEL_TRACES_SAMPLER": "parentbased_always_on",
+        "DIAG_EDGE_ONLY": "1",
+        "OTEL_TRACES_EXPORTER": "none",
+    },
     "traces 100% sdk": {"OTEL_TRACES_SAMPLER": "parentbased_always_on", "MERIDIAN_TRACER": "sdk"},
 }
 
@@ -117,22 +128,40 @@ async def run_mode(
 
             for _ in range(20):
                 await one()
-            queue = iter(range(args.requests))
-
-            async def lane() -> None:
-                for _ in queue:
-                    await one()
-
             assert stack.edge is not None
             assert stack.edge.pid is not None
+            if args.rate:
+                await paced(one, args.rate, min(args.requests, int(args.rate) * 2))  # warm
             cpu0 = cpu_seconds(stack.edge.pid)
             start = time.perf_counter()
-            await asyncio.gather(*(lane() for _ in range(args.concurrency)))
+            if args.rate:
+                await paced(one, args.rate, args.requests)
+            else:
+                queue = iter(range(args.requests))
+
+                async def lane() -> None:
+                    for _ in queue:
+                        await one()
+
+                await asyncio.gather(*(lane() for _ in range(args.concurrency)))
             wall = time.perf_counter() - start
             cpu_us = (cpu_seconds(stack.edge.pid) - cpu0) / args.requests * 1e6
             return args.requests / wall, cpu_us
     finally:
         await stack.stop()
+
+
+async def paced(one: Callable[[], Awaitable[None]], rate: float, n: int) -> None:
+    """``n`` requests arriving at ``rate`` per second (open loop: a slow answer does not delay
+    the next arrival), so every mode does the same work per second."""
+    start = time.perf_counter()
+    tasks = []
+    for i in range(n):
+        delay = start + i / rate - time.perf_counter()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.create_task(one()))
+    await asyncio.gather(*tasks)
 
 
 def tracing_off_us(n: int = 20_000) -> float:
@@ -215,6 +244,14 @@ if __name__ == "__main__":
     parser.add_argument("--requests", type=int, default=600)
     parser.add_argument("--concurrency", type=int, default=16)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--rate",
+        type=float,
+        default=0.0,
+        help="send requests at this fixed rate (req/s, open loop) instead of --concurrency "
+        "closed loops: edge CPU per request at the same load in every mode, the machine not "
+        "saturated (default: 0, closed loops)",
+    )
     parser.add_argument(
         "--modes",
         nargs="+",

@@ -14,6 +14,7 @@ atomically, so a supervisor can start it on port 0 without racing for free ports
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
 import os
 import signal
@@ -59,6 +60,26 @@ def _program() -> str:
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     name = spec.name.removesuffix(".__main__") if spec is not None else ""
     return f"python -m {name}" if name else Path(sys.argv[0]).name
+
+
+#: Collect the youngest generation after this many net allocations of container objects
+#: instead of CPython's default 700. A request allocates hundreds of short-lived objects (more
+#: with tracing on) that reference counting frees by the time the request ends; at 700 the
+#: collector ran every few requests to find nothing (0.5 ms each: 114 ms of the edge's CPU per
+#: 1,500 traced requests, ~75 µs a request). At 10,000 it runs about once per 1,500 requests.
+#: Cycles are still collected, a little later; the youngest generation stays a few MB at most.
+GC_GEN0_THRESHOLD = 10_000
+
+
+def settle_gc() -> None:
+    """Call once a service has started: freeze what start-up built (configuration, gRPC and
+    protobuf modules, the app) out of the collector's reach — it lives as long as the process,
+    so scanning it again in every full collection is wasted — and collect young objects less
+    often (:data:`GC_GEN0_THRESHOLD`)."""
+    gc.collect()
+    gc.freeze()
+    _, gen1, gen2 = gc.get_threshold()
+    gc.set_threshold(GC_GEN0_THRESHOLD, gen1, gen2)
 
 
 def write_ready_file(path: Path | None, info: dict[str, Any]) -> None:

@@ -201,6 +201,7 @@ async def serve(
         metrics_runner, metrics_port = await telemetry.serve_metrics(
             tel, args.metrics_host, args.metrics_port
         )
+    runtime.settle_gc()
     runtime.write_ready_file(
         args.ready_file,
         {

@@ -192,6 +192,7 @@ async def serve(
     await server.start()
     discovery.start()
     await health.set_serving(True)
+    runtime.settle_gc()
     runtime.write_ready_file(args.ready_file, ready)
     event(
         log,

@@ -142,6 +142,7 @@ async def serve(args: argparse.Namespace, engine: Engine, stop: asyncio.Event) -
         )
     await server.start()
     await health.set_serving(False)
+    runtime.settle_gc()
     runtime.write_ready_file(args.ready_file, ready)
     event(log, "worker.listening", port=port, engine=engine.name, region=args.region)
 

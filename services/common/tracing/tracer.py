@@ -192,9 +192,11 @@ class LeanSpan(trace.Span, ReadableSpan):
             attrs, self._dropped_attributes = {}, 0
         self._attrs = attrs
         self._attributes = attrs  # what ReadableSpan's own code reads
-        self._events: list[Event] = []
+        # Lists only once something is added: most spans have no events or links, and every
+        # container allocated per request brings the next garbage collection closer.
+        self._events: list[Event] | tuple[()] = ()
         self._dropped_events = 0
-        self._links: list[Link] = []
+        self._links: list[Link] | tuple[()] = ()
         self._dropped_links = 0
         for link in links:
             self._add_link(link.context, link.attributes)
@@ -255,6 +257,8 @@ class LeanSpan(trace.Span, ReadableSpan):
             else ({}, 0)
         )
         events = self._events
+        if isinstance(events, tuple):
+            events = self._events = []
         if limits.max_events is not None and len(events) >= limits.max_events:
             if not events:
                 self._dropped_events += 1
@@ -279,12 +283,15 @@ class LeanSpan(trace.Span, ReadableSpan):
             else ({}, 0)
         )
         link = LeanLink(context, attrs, dropped)
-        if limits.max_links is not None and len(self._links) >= limits.max_links:
+        links = self._links
+        if isinstance(links, tuple):
+            links = self._links = []
+        if limits.max_links is not None and len(links) >= limits.max_links:
             self._dropped_links += 1
-            if not self._links:
+            if not links:
                 return
-            del self._links[0]
-        self._links.append(link)
+            del links[0]
+        links.append(link)
 
     def update_name(self, name: str) -> None:
         if self._end_time is not None:

@@ -56,3 +56,36 @@ def test_a_second_ctrl_c_exits_at_once(tmp_path: Path) -> None:
     out, _ = proc.communicate(timeout=10)
     assert proc.returncode == 130
     assert "drained" not in out
+
+
+SETTLE = textwrap.dedent(
+    """
+    import gc, weakref
+    from services.common import runtime
+
+    startup = [[i] for i in range(50_000)]  # what start-up builds and keeps
+    runtime.settle_gc()
+    print(gc.get_threshold()[0], gc.get_freeze_count() >= 50_000)
+
+    class Node:
+        pass
+
+    freed = 0
+    def on_free():
+        global freed
+        freed += 1
+
+    for _ in range(30_000):  # request garbage in cycles, never collected by hand
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        weakref.finalize(a, on_free)
+    print(freed > 20_000)
+    """
+)
+
+
+def test_settled_gc_freezes_startup_objects_and_still_collects_young_cycles() -> None:
+    out = subprocess.run(
+        [sys.executable, "-c", SETTLE], capture_output=True, text=True, check=True, timeout=60
+    ).stdout.split()
+    assert out == ["10000", "True", "True"]
