@@ -1,16 +1,21 @@
-"""What do traces and metrics cost the edge? Throughput of the full path with telemetry
-disabled (the SDK off: no-op tracer and meter), with tracing off but metrics on, and with
-tracing on but sampling nothing (the machinery alone), sampled at 5 % (what production would
-run) and at 100 %, exporting OTLP to a live receiver.
+"""What do traces and metrics cost the edge? Edge CPU per request on the full path with
+telemetry disabled (the SDK off: no-op tracer and meter), with tracing off but metrics on,
+with tracing on but sampling nothing (the machinery alone), sampled at 5 % (what production
+would run) and at 100 % — with the lean tracer (default) and with the OpenTelemetry SDK's
+(``MERIDIAN_TRACER=sdk``) — exporting OTLP to a live receiver.
 
-    .venv/bin/python -m bench.telemetry_overhead [--requests 600] [--concurrency 16] [--rounds 3]
+    .venv/bin/python -m bench.telemetry_overhead [--requests 500] [--rounds 8] [--modes ...]
 
-Each mode starts its own stack (Redis, one simulated worker at 1/100 of real speed so the edge
-is the bottleneck, the router, the edge), runs the same non-streaming workload, and the modes
-are interleaved over several rounds so the machine's noise is shared. Prints requests/s per
-mode (best of the rounds) and the cost relative to the disabled baseline.
+One stack per mode (Redis, one simulated worker at 1/100 of real speed so the edge is the
+bottleneck, the router, the edge), all started up front. Then, round after round, each stack
+gets the same burst of non-streaming requests (``--concurrency`` closed loops, or a fixed
+``--rate``), in a rotating order. These 2-core VMs drift by ±15 % from one minute to the next,
+more than the effects measured here, so the figures that count are *paired*: within a round,
+each mode's edge CPU per request over its baseline's, measured seconds apart; the median over
+the rounds is printed with its spread. Asserts nothing.
 
-Goal (issue 6): tracing at 100 % costs ≤ 10 % of edge throughput; off, ≤ 1 %.
+Goal (issue 6): tracing at 100 % costs ≤ 10 % of edge throughput (throughput lost = 1 − CPU
+per request with tracing off / with it on); off, ≤ 1 %.
 """
 
 from __future__ import annotations
@@ -18,24 +23,39 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any
 
 import aiohttp
 import grpc
+from opentelemetry import context as otel_context
 from opentelemetry import trace
+from opentelemetry.exporter.otlp.proto.common.trace_encoder import encode_spans
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2, trace_service_pb2_grpc
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import (
+    ReadableSpan,
+    SpanProcessor,
+    SynchronousMultiSpanProcessor,
+    TracerProvider,
+)
+from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
+from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind
 
 from bench._edge import ONE_CLIENT_EDGE_ARGS
 from services.common.tracecontext import extract_headers, inject_metadata
+from services.common.tracing.otlp_wire import encode_export_request
+from services.common.tracing.tracer import LeanTracer
 from services.localstack.config import parse_stack_config
 from services.localstack.stack import LocalStack
 
+_TRACES_100 = {"OTEL_TRACES_SAMPLER": "parentbased_always_on"}
 MODES: dict[str, dict[str, str]] = {
     "disabled": {"OTEL_SDK_DISABLED": "true"},
     "metrics only": {"OTEL_TRACES_SAMPLER": "always_off"},
@@ -47,19 +67,17 @@ MODES: dict[str, dict[str, str]] = {
         "OTEL_TRACES_SAMPLER": "parentbased_traceidratio",
         "OTEL_TRACES_SAMPLER_ARG": "0.05",
     },
-    "traces 100%": {"OTEL_TRACES_SAMPLER": "parentbased_always_on"},
-    "diag no export": {
-        "OTEL_TRACES_SAMPLER": "parentbased_always_on",
-        "OTEL_TRACES_EXPORTER": "none",
-    },
-    "diag edge only": {"OTEL_TRACES_SAMPLER": "parentbased_always_on", "DIAG_EDGE_ONLY": "1"},
-    "diag edge only no export": {
-        "OTEL_TRACES_SAMPLER": "parentbased_always_on",
-        "DIAG_EDGE_ONLY": "1",
-        "OTEL_TRACES_EXPORTER": "none",
-    },
-    "traces 100% sdk": {"OTEL_TRACES_SAMPLER": "parentbased_always_on", "MERIDIAN_TRACER": "sdk"},
+    "traces 100%": _TRACES_100,
+    "traces 100% no export": {**_TRACES_100, "OTEL_TRACES_EXPORTER": "none"},
+    "traces 100% sdk": {**_TRACES_100, "MERIDIAN_TRACER": "sdk"},
 }
+#: What each mode is compared with: tracing modes with tracing off (metrics stay on in both).
+BASELINE: dict[str, str] = {
+    "disabled": "disabled",
+    "metrics only": "disabled",
+    **{m: "metrics only" for m in MODES if m.startswith("traces")},
+}
+DEFAULT_MODES = ["disabled", "metrics only", "traces 5%", "traces 100%", "traces 100% sdk"]
 
 
 class Sink(trace_service_pb2_grpc.TraceServiceServicer):
@@ -81,13 +99,13 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-async def run_mode(
-    env: dict[str, str], args: argparse.Namespace, endpoint: str
-) -> tuple[float, float]:
-    """(requests/s, edge CPU µs per request)."""
+async def start_stack(env: dict[str, str], endpoint: str) -> LocalStack:
+    """A stack whose processes see ``env`` (each mode is a set of environment variables)."""
     saved = dict(os.environ)
     os.environ.update(env)
-    os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
+    # Traces go by OTLP to the sink; metrics stay on each service's Prometheus endpoint (the
+    # usual split: a collector for traces, a Prometheus server scraping metrics).
+    os.environ["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] = endpoint
     os.environ["OTEL_EXPORTER_OTLP_INSECURE"] = "true"
     config = parse_stack_config(
         {
@@ -95,67 +113,69 @@ async def run_mode(
             "sim": {"time_scale": 0.01, "output_len_min": 8, "output_len_max": 8},
         }
     )
-    run_dir = Path(tempfile.mkdtemp(prefix="meridian-otel-bench-"))
     stack = LocalStack(
         config=config,
-        run_dir=run_dir,
+        run_dir=Path(tempfile.mkdtemp(prefix="meridian-otel-bench-")),
         edge_port=0,
         log_level="warning",
         edge_args=ONE_CLIENT_EDGE_ARGS,
     )
     try:
         await stack.start()
+    except BaseException:
+        await stack.stop()
+        raise
     finally:
         os.environ.clear()
         os.environ.update(saved)
-    url = f"{stack.endpoints.edge_url}/v1/chat/completions"
-    headers = {"Authorization": f"Bearer {stack.endpoints.demo_key}"}
-    body = {
-        "model": stack.endpoints.model,
-        "messages": [{"role": "user", "content": "How fast is the edge?"}],
-        "max_tokens": 8,
-    }
-    try:
-        async with aiohttp.ClientSession(
-            connector=aiohttp.TCPConnector(limit=args.concurrency)
-        ) as http:
-
-            async def one() -> None:
-                async with http.post(url, json=body, headers=headers) as resp:
-                    await resp.read()
-                    if resp.status != 200:
-                        raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
-
-            for _ in range(20):
-                await one()
-            assert stack.edge is not None
-            assert stack.edge.pid is not None
-            if args.rate:
-                await paced(one, args.rate, min(args.requests, int(args.rate) * 2))  # warm
-            cpu0 = cpu_seconds(stack.edge.pid)
-            start = time.perf_counter()
-            if args.rate:
-                await paced(one, args.rate, args.requests)
-            else:
-                queue = iter(range(args.requests))
-
-                async def lane() -> None:
-                    for _ in queue:
-                        await one()
-
-                await asyncio.gather(*(lane() for _ in range(args.concurrency)))
-            wall = time.perf_counter() - start
-            cpu_us = (cpu_seconds(stack.edge.pid) - cpu0) / args.requests * 1e6
-            return args.requests / wall, cpu_us
-    finally:
-        await stack.stop()
+    return stack
 
 
-async def paced(one: Callable[[], Awaitable[None]], rate: float, n: int) -> None:
+class Load:
+    """The same non-streaming chat request, sent to one stack's edge."""
+
+    def __init__(self, stack: LocalStack, http: aiohttp.ClientSession) -> None:
+        self.url = f"{stack.endpoints.edge_url}/v1/chat/completions"
+        self.headers = {"Authorization": f"Bearer {stack.endpoints.demo_key}"}
+        self.body = {
+            "model": stack.endpoints.model,
+            "messages": [{"role": "user", "content": "How fast is the edge?"}],
+            "max_tokens": 8,
+        }
+        self.http = http
+        assert stack.edge is not None
+        assert stack.edge.pid is not None
+        self.edge_pid = stack.edge.pid
+
+    async def one(self) -> None:
+        async with self.http.post(self.url, json=self.body, headers=self.headers) as resp:
+            await resp.read()
+            if resp.status != 200:
+                raise RuntimeError(f"HTTP {resp.status}: {await resp.text()}")
+
+    async def burst(self, args: argparse.Namespace, n: int) -> tuple[float, float]:
+        """(requests/s, edge CPU µs per request) over ``n`` requests."""
+        cpu0 = cpu_seconds(self.edge_pid)
+        start = time.perf_counter()
+        if args.rate:
+            await paced(self.one, args.rate, n)
+        else:
+            queue = iter(range(n))
+
+            async def lane() -> None:
+                for _ in queue:
+                    await self.one()
+
+            await asyncio.gather(*(lane() for _ in range(args.concurrency)))
+        wall = time.perf_counter() - start
+        return n / wall, (cpu_seconds(self.edge_pid) - cpu0) / n * 1e6
+
+
+async def paced(one: Callable[[], Coroutine[Any, Any, None]], rate: float, n: int) -> None:
     """``n`` requests arriving at ``rate`` per second (open loop: a slow answer does not delay
     the next arrival), so every mode does the same work per second."""
     start = time.perf_counter()
-    tasks = []
+    tasks: list[asyncio.Task[None]] = []
     for i in range(n):
         delay = start + i / rate - time.perf_counter()
         if delay > 0:
@@ -164,100 +184,236 @@ async def paced(one: Callable[[], Awaitable[None]], rate: float, n: int) -> None
     await asyncio.gather(*tasks)
 
 
-def tracing_off_us(n: int = 20_000) -> float:
-    """µs per request of the tracing calls the edge still makes with tracing off (a no-op
-    tracer): the request span, two ``traceparent`` injections and the unsampled attempt."""
-    tracer = trace.NoOpTracer()
+class InlineBatches(SpanProcessor):
+    """Collects ended spans and encodes each 512 as its exporter would, in the caller's thread,
+    then drops the bytes: the whole span path, no network, no queue that could drop spans."""
+
+    def __init__(self, encode: Callable[[Sequence[ReadableSpan]], bytes]) -> None:
+        self.encode = encode
+        self.batch: list[ReadableSpan] = []
+
+    def on_end(self, span: ReadableSpan) -> None:
+        self.batch.append(span)
+        if len(self.batch) >= 512:
+            self.force_flush()
+
+    def force_flush(self, timeout_millis: int = 30_000) -> bool:
+        if self.batch:
+            self.encode(self.batch)
+            self.batch = []
+        return True
+
+
+def edge_tracing(tracer: trace.Tracer) -> Callable[[], None]:
+    """The tracing calls the edge makes for one request, in order: the request span from the
+    client's headers, three stage spans (auth, admission, route) made current in turn, the
+    router's and the worker's ``traceparent``, the attempt span with its first-token event."""
     headers = {"content-type": "application/json", "authorization": "Bearer x"}
+
+    def stage(name: str) -> None:
+        parent = otel_context.get_current()
+        span = tracer.start_span(name, context=parent)
+        token = otel_context.attach(trace.set_span_in_context(span, parent))
+        if name == "edge.route":
+            inject_metadata()
+        span.end()
+        otel_context.detach(token)
 
     def one() -> None:
         parent = extract_headers(headers)
         with tracer.start_as_current_span(
-            "POST /v1/chat/completions", context=parent, kind=SpanKind.SERVER
+            "POST /v1/chat/completions",
+            context=parent,
+            kind=SpanKind.SERVER,
+            attributes={"http.request.method": "POST", "url.path": "/v1/chat/completions"},
         ) as span:
-            if span.get_span_context().is_valid:
-                raise AssertionError("a no-op tracer made a valid span")
-            inject_metadata()
-            request_span = trace.get_current_span()
-            attempt = trace.NonRecordingSpan(request_span.get_span_context())
+            format(span.get_span_context().trace_id, "032x")
+            for name in ("edge.authenticate", "edge.admit", "edge.route"):
+                stage(name)
+            if span.is_recording():
+                attempt = tracer.start_span(
+                    "edge.attempt",
+                    kind=SpanKind.CLIENT,
+                    attributes={
+                        "meridian.worker": "kr-0",
+                        "meridian.region": "kr",
+                        "meridian.attempt": 1,
+                        "server.address": "127.0.0.1:50051",
+                    },
+                )
+            else:
+                attempt = trace.NonRecordingSpan(span.get_span_context())
             inject_metadata(trace.set_span_in_context(attempt))
+            attempt.add_event("first_token", {"meridian.ttft_ms": 12.5})
+            attempt.set_attribute("gen_ai.usage.output_tokens", 8)
+            attempt.set_attribute("meridian.outcome", "OUTCOME_OK")
+            attempt.end()
             span.set_attribute("http.response.status_code", 200)
 
+    return one
+
+
+def isolated_tracers() -> dict[str, tuple[trace.Tracer, Callable[[], object]]]:
+    """The edge's tracer as each implementation builds it, exporting to an encoding sink:
+    {name: (tracer, flush)}."""
+    resource = Resource.create({"service.name": "meridian-edge"})
+    sampler = ParentBased(ALWAYS_ON)
+    lean_processor = InlineBatches(encode_export_request)
+    multi = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]
+    multi.add_span_processor(lean_processor)
+    lean = LeanTracer(
+        resource=resource,
+        sampler=sampler,
+        processor=multi,
+        scope=InstrumentationScope("meridian.edge"),
+    )
+    provider = TracerProvider(resource=resource, sampler=sampler)
+    sdk_processor = InlineBatches(lambda s: encode_spans(s).SerializeToString())
+    provider.add_span_processor(sdk_processor)
+    return {
+        "off (no-op)": (trace.NoOpTracer(), lambda: None),
+        "100 % lean": (lean, lean_processor.force_flush),
+        "100 % sdk": (provider.get_tracer("meridian.edge"), sdk_processor.force_flush),
+    }
+
+
+def isolated_us(tracer: trace.Tracer, flush: Callable[[], object], n: int = 20_000) -> float:
+    """µs per request of :func:`edge_tracing`, encoding included (best of 3)."""
+    one = edge_tracing(tracer)
     for _ in range(n // 10):
         one()
-    start = time.perf_counter()
-    for _ in range(n):
-        one()
-    return (time.perf_counter() - start) / n * 1e6
+    flush()
+    best = float("inf")
+    for _ in range(3):
+        start = time.process_time()
+        for _ in range(n):
+            one()
+        flush()
+        best = min(best, (time.process_time() - start) / n * 1e6)
+    return best
+
+
+def quartiles(values: list[float]) -> tuple[float, float, float]:
+    if len(values) < 2:
+        return values[0], values[0], values[0]
+    q1, q2, q3 = statistics.quantiles(values, n=4, method="inclusive")
+    return q1, q2, q3
+
+
+def print_isolated(base_cpu: float | None) -> None:
+    print(
+        "\nThe edge's tracing calls for one request, timed in isolation (one process, CPU time, "
+        "encoding included, best of 3)"
+        + (
+            f";\nshare of the baseline's median edge CPU per request ({base_cpu:.0f} µs):"
+            if base_cpu
+            else ":"
+        )
+    )
+    for name, (tracer, flush) in isolated_tracers().items():
+        us = isolated_us(tracer, flush)
+        share = f" = {us / base_cpu * 100:4.1f} %" if base_cpu else ""
+        print(f"  tracing {name:<12} {us:6.1f} µs/request{share}")
 
 
 async def main(args: argparse.Namespace) -> None:
+    if args.isolated_only:
+        print_isolated(None)
+        return
+    modes: list[str] = list(dict.fromkeys(args.modes))
+    for mode in modes:
+        if BASELINE[mode] not in modes:
+            raise SystemExit(f"mode {mode!r} is compared with {BASELINE[mode]!r}: include it")
     sink = Sink()
     server = grpc.aio.server()
     trace_service_pb2_grpc.add_TraceServiceServicer_to_server(sink, server)  # type: ignore[no-untyped-call]
-    port = server.add_insecure_port("127.0.0.1:0")
+    endpoint = f"http://127.0.0.1:{server.add_insecure_port('127.0.0.1:0')}"
     await server.start()
-    modes = {m: MODES[m] for m in args.modes}
-    results: dict[str, list[tuple[float, float]]] = {m: [] for m in modes}
-    for rnd in range(args.rounds):
-        for mode, env in modes.items():
-            rps, cpu_us = await run_mode(env, args, f"http://127.0.0.1:{port}")
-            results[mode].append((rps, cpu_us))
-            print(
-                f"round {rnd + 1} {mode:<13} {rps:8.0f} req/s  edge CPU {cpu_us:7.0f} µs/req",
-                file=sys.stderr,
-                flush=True,
-            )
-    await server.stop(0)
-    del server
-    if "disabled" not in results:
-        raise SystemExit("the 'disabled' mode is the baseline: include it in --modes")
-    base_rps = max(r for r, _ in results["disabled"])
-    base_cpu = min(c for _, c in results["disabled"])
+    stacks: dict[str, LocalStack] = {}
+    cpu: dict[str, list[float]] = {m: [] for m in modes}
+    rps: dict[str, list[float]] = {m: [] for m in modes}
+    try:
+        for mode in modes:
+            stacks[mode] = await start_stack(MODES[mode], endpoint)
+        async with aiohttp.ClientSession(
+            connector=aiohttp.TCPConnector(limit=args.concurrency * len(modes))
+        ) as http:
+            loads = {mode: Load(stack, http) for mode, stack in stacks.items()}
+            for load in loads.values():  # warm: connections, caches, the router's view
+                await load.burst(args, max(50, args.requests // 5))
+            for rnd in range(args.rounds):
+                shift = rnd % len(modes)
+                for mode in modes[shift:] + modes[:shift]:
+                    r, c = await loads[mode].burst(args, args.requests)
+                    rps[mode].append(r)
+                    cpu[mode].append(c)
+                print(
+                    f"round {rnd + 1}: "
+                    + ", ".join(f"{m} {cpu[m][-1]:.0f}" for m in modes)
+                    + " µs/req",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    finally:
+        for stack in stacks.values():
+            await stack.stop()
+        await server.stop(0)
+
+    load_desc = f"{args.rate:g} req/s open loop" if args.rate else f"{args.concurrency} in flight"
     print(
-        f"\n{'mode':<14} {'req/s':>8} {'edge CPU µs/req':>16} {'req/s per edge core':>20} "
-        f"{'throughput cost':>16}"
+        f"\n{args.rounds} rounds × {args.requests} requests per mode, {load_desc}; "
+        "edge CPU per request: median (and quartiles) over the rounds"
     )
-    for mode, values in results.items():
-        rps = max(r for r, _ in values)
-        cpu = min(c for _, c in values)
+    print(
+        f"{'mode':<22} {'req/s':>6} {'edge CPU µs/req':>22} {'vs':>13} "
+        f"{'throughput cost, paired':>26}"
+    )
+    for mode in modes:
+        c_q = quartiles(cpu[mode])
+        base = BASELINE[mode]
+        if base == mode:
+            cost = "—"
+        else:
+            paired = [1 - b / c for b, c in zip(cpu[base], cpu[mode], strict=True)]
+            p1, p2, p3 = (100 * x for x in quartiles(paired))
+            cost = f"{p2:5.1f} % ({p1:.1f} … {p3:.1f})"
         print(
-            f"{mode:<14} {rps:>8.0f} {cpu:>16.0f} {1e6 / cpu:>20.0f} "
-            f"{(1 - base_cpu / cpu) * 100:>15.1f}%"
+            f"{mode:<22} {statistics.median(rps[mode]):>6.0f} "
+            f"{c_q[1]:>7.0f} ({c_q[0]:.0f} … {c_q[2]:.0f}) {base:>13} {cost:>26}"
         )
     print(
-        "\n(throughput cost = share of edge capacity lost, from CPU per request: "
-        f"best-of-rounds; disabled baseline {base_rps:.0f} req/s)"
+        "\n(throughput cost = share of the edge's capacity lost = 1 − CPU per request of the "
+        "baseline / of the mode, per round; median and quartiles over the rounds)"
     )
-    print(f"\nspans received by the OTLP sink: {sink.spans}")
-    off = tracing_off_us()
-    print(
-        f"tracing off (no-op tracer), timed in isolation: {off:.1f} µs/request "
-        f"= {off / base_cpu * 100:.1f} % of the disabled baseline's edge CPU"
-    )
+    print(f"spans received by the OTLP sink: {sink.spans}")
+    print_isolated(statistics.median(cpu["metrics only"]) if "metrics only" in cpu else None)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--requests", type=int, default=600)
+    parser.add_argument("--requests", type=int, default=500, help="per mode and round")
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=8)
     parser.add_argument(
         "--rate",
         type=float,
         default=0.0,
         help="send requests at this fixed rate (req/s, open loop) instead of --concurrency "
-        "closed loops: edge CPU per request at the same load in every mode, the machine not "
-        "saturated (default: 0, closed loops)",
+        "closed loops: every mode does the same work per second (default: closed loops)",
+    )
+    parser.add_argument(
+        "--isolated-only",
+        action="store_true",
+        help="only time the edge's tracing calls in isolation (no stacks)",
     )
     parser.add_argument(
         "--modes",
         nargs="+",
         choices=list(MODES),
-        default=list(MODES),
+        default=DEFAULT_MODES,
         metavar="MODE",
-        help=f"which modes to run (default: all of {list(MODES)}); 'disabled' is the baseline",
+        help=f"modes to run, of {list(MODES)} (default: {DEFAULT_MODES})",
     )
     asyncio.run(main(parser.parse_args()))

@@ -12,6 +12,9 @@ and keep separate registries). Configuration follows the standard ``OTEL_*`` var
 - ``OTEL_TRACES_EXPORTER`` / ``OTEL_METRICS_EXPORTER`` — ``none`` stops OTLP export of that
   signal even with an endpoint set (metrics stay on the Prometheus endpoint);
 - ``OTEL_SERVICE_NAME`` and ``OTEL_RESOURCE_ATTRIBUTES`` — resource identity;
+- ``OTEL_METRICS_EXEMPLAR_FILTER`` — unset: ``trace_based`` when metrics are exported by
+  OTLP, ``always_off`` when only the Prometheus endpoint serves them (it cannot carry
+  exemplars, and collecting them costs every measurement);
 - ``MERIDIAN_TRACER`` — ``lean`` (default: :mod:`services.common.tracing`, spans cheap enough
   for 100 % sampling) or ``sdk`` (the SDK's own ``TracerProvider`` and OTLP exporter).
 
@@ -32,7 +35,13 @@ from aiohttp import web
 from aiohttp.typedefs import Handler
 from opentelemetry import metrics, trace
 from opentelemetry.exporter.prometheus import PrometheusMetricReader
-from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics import (
+    AlwaysOffExemplarFilter,
+    AlwaysOnExemplarFilter,
+    ExemplarFilter,
+    MeterProvider,
+    TraceBasedExemplarFilter,
+)
 from opentelemetry.sdk.metrics.export import MetricReader, PeriodicExportingMetricReader
 from opentelemetry.sdk.metrics.view import ExplicitBucketHistogramAggregation, View
 from opentelemetry.sdk.resources import Resource
@@ -192,6 +201,25 @@ def sampler_from_env(env: Mapping[str, str]) -> Sampler:
     return samplers[name]
 
 
+_EXEMPLAR_FILTERS: Mapping[str, type[ExemplarFilter]] = {
+    "trace_based": TraceBasedExemplarFilter,
+    "always_on": AlwaysOnExemplarFilter,
+    "always_off": AlwaysOffExemplarFilter,
+}
+
+
+def exemplar_filter_from_env(env: Mapping[str, str]) -> str | None:
+    """``OTEL_METRICS_EXEMPLAR_FILTER``, checked (None when unset: :func:`setup` decides)."""
+    value = env.get("OTEL_METRICS_EXEMPLAR_FILTER", "").strip().lower()
+    if not value:
+        return None
+    if value not in _EXEMPLAR_FILTERS:
+        raise ValueError(
+            f"OTEL_METRICS_EXEMPLAR_FILTER {value!r} is not one of {sorted(_EXEMPLAR_FILTERS)}"
+        )
+    return value
+
+
 TRACER_IMPLEMENTATIONS = ("lean", "sdk")
 
 
@@ -268,6 +296,7 @@ def setup(
     try:
         sampler = sampler_from_env(env)
         impl = tracer_implementation(env)
+        exemplar_filter_name = exemplar_filter_from_env(env)
     except ValueError as err:
         raise StartupError(f"telemetry settings: {err}") from None
     attrs = {"service.name": env.get("OTEL_SERVICE_NAME", f"meridian-{service}")}
@@ -285,7 +314,17 @@ def setup(
         from opentelemetry.exporter.otlp.proto.grpc.metric_exporter import OTLPMetricExporter
 
         readers.append(PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=metrics_endpoint)))
-    meter_provider = MeterProvider(resource=resource, metric_readers=readers, views=_views())
+    if exemplar_filter_name is None:
+        # Unset: exemplars (a sampled trace id attached to a measurement) only when something
+        # exports them. The Prometheus endpoint cannot carry them, and looking for the current
+        # span and offering it to a reservoir on every measurement costs the request path.
+        exemplar_filter_name = "trace_based" if len(readers) > 1 else "always_off"
+    meter_provider = MeterProvider(
+        resource=resource,
+        metric_readers=readers,
+        views=_views(),
+        exemplar_filter=_EXEMPLAR_FILTERS[exemplar_filter_name](),
+    )
 
     tracing = sampler is not ALWAYS_OFF
     tracer_provider: TracerProvider | None = None
@@ -315,7 +354,7 @@ def setup(
                 resource=resource,
                 sampler=sampler,
                 processor=multi,
-                scope=InstrumentationScope(scope_name),
+                scope=InstrumentationScope(scope_name, "", ""),  # as the SDK names it
             )
     return Telemetry(
         service=service,

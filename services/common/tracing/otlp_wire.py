@@ -119,8 +119,14 @@ def _attributes(tag: bytes, attributes: Mapping[str, Any] | None) -> list[bytes]
 
 
 def _span_flags(parent: SpanContext | None) -> bytes:
-    flags = _HAS_IS_REMOTE | (_IS_REMOTE if parent and parent.is_remote else 0)
-    return _pack_fixed32(flags)
+    return _REMOTE_FLAGS if parent and parent.is_remote else _LOCAL_FLAGS
+
+
+_LOCAL_FLAGS = _pack_fixed32(_HAS_IS_REMOTE)
+_REMOTE_FLAGS = _pack_fixed32(_HAS_IS_REMOTE | _IS_REMOTE)
+# ``kind`` (field 6) with its tag, by the API's SpanKind value (the proto's is one more).
+_KINDS = [b"\x30" + _SMALL[value + 1] for value in range(5)]
+_EMPTY_STATUS = b"\x7a\x00"
 
 
 def _trace_state(context: SpanContext) -> str:
@@ -128,57 +134,72 @@ def _trace_state(context: SpanContext) -> str:
     return ",".join(f"{k}={v}" for k, v in state.items()) if state else ""
 
 
-def _count(tag: bytes, n: int) -> bytes:
-    return tag + _varint(n) if n else b""
+# (trace id, its field bytes) of the last span encoded: a request's spans share one trace id
+# and end together. One tuple, swapped whole, so concurrent encoders never see a torn pair.
+_last_trace: list[tuple[int, bytes]] = [(-1, b"")]
 
 
 def encode_span(span: ReadableSpan) -> bytes:
     """One ``Span`` message (unsized)."""
     ctx = span.get_span_context()
     assert ctx is not None
-    parts = [
-        b"\x0a\x10",
-        ctx.trace_id.to_bytes(16, "big"),
-        b"\x12\x08",
-        ctx.span_id.to_bytes(8, "big"),
-    ]
-    state = _trace_state(ctx)
-    if state:
-        parts += (b"\x1a", _sized(state.encode()))
+    trace_id = ctx.trace_id
+    last = _last_trace[0]
+    if last[0] != trace_id:
+        last = _last_trace[0] = (trace_id, b"\x0a\x10" + trace_id.to_bytes(16, "big"))
+    parts = [last[1], b"\x12\x08", ctx.span_id.to_bytes(8, "big")]
+    append = parts.append
+    if ctx.trace_state:
+        append(b"\x1a" + _sized(_trace_state(ctx).encode()))
     parent = span.parent
     if parent:
-        parts += (b"\x22\x08", parent.span_id.to_bytes(8, "big"))
-    if span.name:
-        parts += (b"\x2a", _sized(span.name.encode()))
-    parts.append(b"\x30" + _SMALL[span.kind.value + 1])
-    parts.append(_pack_times(0x39, span.start_time or 0, 0x41, span.end_time or 0))
+        append(b"\x22\x08" + parent.span_id.to_bytes(8, "big"))
+    name = span.name
+    if name:
+        append(b"\x2a" + _sized(name.encode()))
+    append(_KINDS[span.kind._value_])
+    append(_pack_times(0x39, span.start_time or 0, 0x41, span.end_time or 0))
     parts += _attributes(b"\x4a", span.attributes)
-    parts.append(_count(b"\x50", span.dropped_attributes))
+    dropped = span.dropped_attributes
+    if dropped:
+        append(b"\x50" + _varint(dropped))
     for event in span.events:
         body = [b"\x09", _pack_fixed64(event.timestamp)]
         if event.name:
             body += (b"\x12", _sized(event.name.encode()))
         body += _attributes(b"\x1a", event.attributes)
-        body.append(_count(b"\x20", getattr(event, "dropped_attributes", 0)))
-        parts += (b"\x5a", _sized(b"".join(body)))
-    parts.append(_count(b"\x60", span.dropped_events))
+        dropped = getattr(event, "dropped_attributes", 0)
+        if dropped:
+            body.append(b"\x20" + _varint(dropped))
+        append(b"\x5a" + _sized(b"".join(body)))
+    dropped = span.dropped_events
+    if dropped:
+        append(b"\x60" + _varint(dropped))
     for link in span.links:
         lctx = link.context
         body = [b"\x0a\x10", lctx.trace_id.to_bytes(16, "big"), b"\x12\x08"]
         body.append(lctx.span_id.to_bytes(8, "big"))
         body += _attributes(b"\x22", link.attributes)
-        body.append(_count(b"\x28", link.dropped_attributes))
+        if link.dropped_attributes:
+            body.append(b"\x28" + _varint(link.dropped_attributes))
         body += (b"\x35", _span_flags(lctx))
-        parts += (b"\x6a", _sized(b"".join(body)))
-    parts.append(_count(b"\x70", span.dropped_links))
+        append(b"\x6a" + _sized(b"".join(body)))
+    dropped = span.dropped_links
+    if dropped:
+        append(b"\x70" + _varint(dropped))
     status = span.status
-    body = []
-    if status.description:
-        body += (b"\x12", _sized(status.description.encode()))
-    if status.status_code.value:
-        body.append(b"\x18" + _SMALL[status.status_code.value])
-    parts += (b"\x7a", _sized(b"".join(body)))
-    parts += (b"\x85\x01", _span_flags(parent))
+    code = status.status_code._value_
+    if code or status.description:
+        body = []
+        if status.description:
+            body += (b"\x12", _sized(status.description.encode()))
+        if code:
+            body.append(b"\x18" + _SMALL[code])
+        append(b"\x7a" + _sized(b"".join(body)))
+    else:
+        append(_EMPTY_STATUS)
+    append(b"\x85\x01")
+    append(_span_flags(parent))
     return b"".join(parts)
 
 

@@ -33,7 +33,7 @@ from opentelemetry.attributes import BoundedAttributes
 from opentelemetry.sdk.resources import Resource
 from opentelemetry.sdk.trace import Event, ReadableSpan, SpanLimits, SpanProcessor
 from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
-from opentelemetry.sdk.trace.sampling import Sampler
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ALWAYS_ON, ParentBased, Sampler
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.semconv.attributes.exception_attributes import (
     EXCEPTION_ESCAPED,
@@ -42,6 +42,7 @@ from opentelemetry.semconv.attributes.exception_attributes import (
     EXCEPTION_TYPE,
 )
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
+from opentelemetry.trace.span import TraceState
 from opentelemetry.util import types
 
 _log = logging.getLogger(__name__)
@@ -399,6 +400,27 @@ class _ActiveSpan:
             span.end()
 
 
+def _follows_parent(sampler: Sampler) -> tuple[bool, bool]:
+    """Whether ``sampler`` is the SDK's ``ParentBased`` with its standard delegates, i.e. the
+    child of a sampled parent is sampled and the child of an unsampled one is dropped —
+    (for sampled parents, for unsampled ones). Anything else is asked for every span."""
+    if type(sampler) is not ParentBased:
+        return False, False
+
+    # ParentBased keeps its delegates in private attributes; if a future SDK renames them,
+    # getattr gives None and every span goes through should_sample, which is always right.
+    def delegate(name: str) -> object:
+        return getattr(sampler, name, None)
+
+    sampled = delegate("_remote_parent_sampled") is ALWAYS_ON and (
+        delegate("_local_parent_sampled") is ALWAYS_ON
+    )
+    unsampled = delegate("_remote_parent_not_sampled") is ALWAYS_OFF and (
+        delegate("_local_parent_not_sampled") is ALWAYS_OFF
+    )
+    return sampled, unsampled
+
+
 class LeanTracer(trace.Tracer):
     """Makes :class:`LeanSpan` s: the SDK tracer's decisions (sampler, ids, limits), less cost."""
 
@@ -419,6 +441,7 @@ class LeanTracer(trace.Tracer):
         self.limits = limits or SpanLimits()
         self.id_generator = id_generator or RandomIdGenerator()
         self._random_ids = self.id_generator.is_trace_id_random()
+        self._follow_sampled, self._follow_unsampled = _follows_parent(sampler)
 
     def start_span(
         self,
@@ -435,6 +458,9 @@ class LeanTracer(trace.Tracer):
         parent: SpanContext | None = trace.get_current_span(context).get_span_context()
         if parent is not None and not isinstance(parent, SpanContext):
             raise TypeError("parent_span_context must be a SpanContext or None.")
+        sampled: bool
+        recording: bool
+        trace_state: TraceState | None
         if parent is None or not parent.is_valid:
             parent = None
             trace_id = self.id_generator.generate_trace_id()
@@ -442,8 +468,20 @@ class LeanTracer(trace.Tracer):
         else:
             trace_id = parent.trace_id
             random_ids = parent.trace_flags.random_trace_id
-        decision = self.sampler.should_sample(context, trace_id, name, kind, attributes, links)
-        if decision.decision.is_sampled():  # type: ignore[no-untyped-call]
+        if parent is not None and (
+            self._follow_sampled if parent.trace_flags.sampled else self._follow_unsampled
+        ):
+            # A parent-based sampler with its standard delegates: the child does what the
+            # parent did (what asking it would answer, three calls deep, for every span).
+            sampled = recording = parent.trace_flags.sampled
+            trace_state = parent.trace_state
+        else:
+            decision = self.sampler.should_sample(context, trace_id, name, kind, attributes, links)
+            sampled = decision.decision.is_sampled()  # type: ignore[no-untyped-call]
+            recording = decision.decision.is_recording()  # type: ignore[no-untyped-call]
+            trace_state = decision.trace_state
+            attributes = decision.attributes
+        if sampled:
             flags = _SAMPLED_RANDOM if random_ids else _SAMPLED
         else:
             flags = _NOT_SAMPLED_RANDOM if random_ids else _NOT_SAMPLED
@@ -452,9 +490,9 @@ class LeanTracer(trace.Tracer):
             self.id_generator.generate_span_id(),
             is_remote=False,
             trace_flags=flags,
-            trace_state=decision.trace_state,
+            trace_state=trace_state,
         )
-        if not decision.decision.is_recording():  # type: ignore[no-untyped-call]
+        if not recording:
             return trace.NonRecordingSpan(span_context)
         span = LeanSpan(
             name=name,
@@ -463,7 +501,7 @@ class LeanTracer(trace.Tracer):
             kind=kind,
             resource=self.resource,
             scope=self.scope,
-            attributes=decision.attributes,
+            attributes=attributes,
             links=links,
             limits=self.limits,
             processor=self.processor,

@@ -20,7 +20,13 @@ from opentelemetry.sdk.trace import (
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.id_generator import IdGenerator
-from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased, Sampler, TraceIdRatioBased
+from opentelemetry.sdk.trace.sampling import (
+    ALWAYS_OFF,
+    ALWAYS_ON,
+    ParentBased,
+    Sampler,
+    TraceIdRatioBased,
+)
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 from opentelemetry.trace.span import TraceState
@@ -275,3 +281,30 @@ def test_bad_attribute_keys_are_dropped_and_odd_values_cleaned() -> None:
     span.end()
     (finished,) = exporter.get_finished_spans()
     assert finished.attributes == {"list": (1, 2), "obj": str(StatusCode.OK)}
+
+
+@pytest.mark.parametrize("parent_sampled", [True, False])
+def test_children_follow_their_parent_as_the_sdk_decides(parent_sampled: bool) -> None:
+    """The shortcut for the standard parent-based sampler, and a parent-based sampler with
+    other delegates (which must still be asked), both decide as the SDK does."""
+    parent_ctx = SpanContext(REMOTE.trace_id, REMOTE.span_id, True, TraceFlags(parent_sampled))
+
+    def children(tracer: trace.Tracer) -> None:
+        parent = trace.set_span_in_context(trace.NonRecordingSpan(parent_ctx))
+        with tracer.start_as_current_span("child", context=parent, attributes={"a": 1}):
+            tracer.start_span("grandchild").end()
+
+    inverted = ParentBased(
+        ALWAYS_ON,
+        remote_parent_sampled=ALWAYS_OFF,
+        remote_parent_not_sampled=ALWAYS_ON,
+        local_parent_sampled=ALWAYS_OFF,
+        local_parent_not_sampled=ALWAYS_ON,
+    )
+    for sampler in (ParentBased(ALWAYS_ON), inverted):
+        sdk_spans, lean_spans = both(children, sampler=sampler)
+        assert [s.name for s in lean_spans] == [s.name for s in sdk_spans]
+        assert normalised(encode_spans(lean_spans)) == normalised(encode_spans(sdk_spans))
+    # The inverted sampler really was asked at each level: it flips the decision every time.
+    _, lean_spans = both(children, sampler=inverted)
+    assert [s.name for s in lean_spans] == (["grandchild"] if parent_sampled else ["child"])

@@ -1,12 +1,17 @@
 import pytest
 from opentelemetry import trace
+from opentelemetry.sdk.metrics import AlwaysOffExemplarFilter
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.trace import Tracer as SdkTracer
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, ParentBased
 from prometheus_client.parser import text_string_to_metric_families
 
 from services.common import telemetry
+from services.common.startup import StartupError
 from services.common.tracecontext import extract_headers, extract_metadata, inject_metadata
+from services.common.tracing.tracer import LeanTracer
 
 
 @pytest.mark.parametrize(
@@ -120,3 +125,67 @@ def test_prometheus_names_match_what_the_exporter_writes() -> None:
     assert mn.prometheus_name(mn.TTFT, "s") in names
     assert mn.prometheus_name(mn.EDGE_ACTIVE_STREAMS, "{stream}") in names
     assert mn.prometheus_name(mn.EDGE_REQUESTS, "{request}", counter=True).endswith("_total")
+
+
+def test_the_lean_tracer_is_the_default_and_the_sdk_one_is_a_setting_away() -> None:
+    exporter = InMemorySpanExporter()
+    lean = telemetry.setup("edge", env={}, span_processors=[SimpleSpanProcessor(exporter)])
+    sdk = telemetry.setup(
+        "edge", env={"MERIDIAN_TRACER": "sdk"}, span_processors=[SimpleSpanProcessor(exporter)]
+    )
+    assert isinstance(lean.tracer, LeanTracer)
+    assert isinstance(sdk.tracer, SdkTracer)
+    for tel in (lean, sdk):
+        with tel.tracer.start_as_current_span("s") as span:
+            span.set_attribute("meridian.region", "kr")
+    spans = exporter.get_finished_spans()
+    assert [s.name for s in spans] == ["s", "s"]
+    assert {s.resource.attributes["service.name"] for s in spans} == {"meridian-edge"}
+    assert spans[0].instrumentation_scope == spans[1].instrumentation_scope
+    lean.shutdown()
+    sdk.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("env", "named"),
+    [
+        ({"MERIDIAN_TRACER": "fast"}, "MERIDIAN_TRACER"),
+        ({"OTEL_TRACES_SAMPLER": "sometimes"}, "OTEL_TRACES_SAMPLER"),
+        ({"OTEL_METRICS_EXEMPLAR_FILTER": "some"}, "OTEL_METRICS_EXEMPLAR_FILTER"),
+    ],
+)
+def test_a_bad_telemetry_setting_stops_start_up_with_a_line_naming_it(
+    env: dict[str, str], named: str
+) -> None:
+    with pytest.raises(StartupError, match=f"telemetry settings: {named}"):
+        telemetry.setup("edge", env=env)
+
+
+def exemplars_recorded(env: dict[str, str], readers: list[InMemoryMetricReader]) -> int:
+    tel = telemetry.setup("edge", env=env, metric_readers=readers)
+    hist = tel.meter.create_histogram("gen_ai.server.time_to_first_token", unit="s")
+    with tel.tracer.start_as_current_span("request"):
+        hist.record(0.05)
+    if not readers:
+        # Only Prometheus, which has no exemplars to show: read the provider's choice.
+        chosen = tel._meter_provider._sdk_config.exemplar_filter  # type: ignore[union-attr]
+        tel.shutdown()
+        return 0 if isinstance(chosen, AlwaysOffExemplarFilter) else 1
+    data = readers[0].get_metrics_data()
+    tel.shutdown()
+    assert data is not None
+    points = [
+        p
+        for rm in data.resource_metrics
+        for sm in rm.scope_metrics
+        for m in sm.metrics
+        for p in m.data.data_points
+    ]
+    return sum(len(p.exemplars) for p in points)
+
+
+def test_exemplars_are_collected_only_where_something_exports_them() -> None:
+    assert exemplars_recorded({}, [InMemoryMetricReader()]) == 1  # an exporting reader
+    assert exemplars_recorded({}, []) == 0  # Prometheus only: nothing could carry them
+    off = {"OTEL_METRICS_EXEMPLAR_FILTER": "always_off"}
+    assert exemplars_recorded(off, [InMemoryMetricReader()]) == 0
