@@ -146,6 +146,11 @@ class Load:
         assert stack.edge is not None
         assert stack.edge.pid is not None
         self.edge_pid = stack.edge.pid
+        assert stack.router is not None
+        assert stack.router.pid is not None
+        # The rest of the path, for the record: router and worker CPU per request.
+        self.others = [stack.router.pid, *(w.pid for w in stack.workers.values() if w.pid)]
+        self.others_us: list[float] = []
 
     async def one(self) -> None:
         async with self.http.post(self.url, json=self.body, headers=self.headers) as resp:
@@ -156,6 +161,7 @@ class Load:
     async def burst(self, args: argparse.Namespace, n: int) -> tuple[float, float]:
         """(requests/s, edge CPU µs per request) over ``n`` requests."""
         cpu0 = cpu_seconds(self.edge_pid)
+        others0 = sum(cpu_seconds(pid) for pid in self.others)
         start = time.perf_counter()
         if args.rate:
             await paced(self.one, args.rate, n)
@@ -168,6 +174,8 @@ class Load:
 
             await asyncio.gather(*(lane() for _ in range(args.concurrency)))
         wall = time.perf_counter() - start
+        others = sum(cpu_seconds(pid) for pid in self.others) - others0
+        self.others_us.append(others / n * 1e6)
         return n / wall, (cpu_seconds(self.edge_pid) - cpu0) / n * 1e6
 
 
@@ -354,6 +362,7 @@ async def main(args: argparse.Namespace) -> None:
                     file=sys.stderr,
                     flush=True,
                 )
+            others_us = {mode: load.others_us for mode, load in loads.items()}
     finally:
         for stack in stacks.values():
             await stack.stop()
@@ -366,7 +375,7 @@ async def main(args: argparse.Namespace) -> None:
     )
     print(
         f"{'mode':<22} {'req/s':>6} {'edge CPU µs/req':>22} {'vs':>13} "
-        f"{'throughput cost, paired':>26}"
+        f"{'throughput cost, paired':>26} {'router+worker µs/req':>21}"
     )
     for mode in modes:
         c_q = quartiles(cpu[mode])
@@ -379,7 +388,8 @@ async def main(args: argparse.Namespace) -> None:
             cost = f"{p2:5.1f} % ({p1:.1f} … {p3:.1f})"
         print(
             f"{mode:<22} {statistics.median(rps[mode]):>6.0f} "
-            f"{c_q[1]:>7.0f} ({c_q[0]:.0f} … {c_q[2]:.0f}) {base:>13} {cost:>26}"
+            f"{c_q[1]:>7.0f} ({c_q[0]:.0f} … {c_q[2]:.0f}) {base:>13} {cost:>26} "
+            f"{statistics.median(others_us[mode][1:]):>21.0f}"
         )
     print(
         "\n(throughput cost = share of the edge's capacity lost = 1 − CPU per request of the "
