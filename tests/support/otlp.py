@@ -31,12 +31,14 @@ def _value(v: Any) -> Any:
 @dataclass
 class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
     spans: list[ReceivedSpan] = field(default_factory=list)
+    metadata: list[dict[str, str]] = field(default_factory=list)  # one per Export call
     server: grpc.aio.Server | None = None
     port: int = 0
 
     async def Export(
         self, request: trace_service_pb2.ExportTraceServiceRequest, context: Any
     ) -> trace_service_pb2.ExportTraceServiceResponse:
+        self.metadata.append({k: v for k, v in context.invocation_metadata() or ()})
         for rs in request.resource_spans:
             attrs = {a.key: _value(a.value) for a in rs.resource.attributes}
             service = str(attrs.get("service.name", ""))
@@ -56,10 +58,10 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
                     )
         return trace_service_pb2.ExportTraceServiceResponse()
 
-    async def start(self) -> str:
+    async def start(self, port: int = 0) -> str:
         self.server = grpc.aio.server()
         trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
-        self.port = self.server.add_insecure_port("127.0.0.1:0")
+        self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
         await self.server.start()
         return f"http://127.0.0.1:{self.port}"
 
