@@ -346,14 +346,16 @@ def setup(
                 tracer_provider.add_span_processor(processor)
             tracer = tracer_provider.get_tracer(scope_name)
         else:
-            multi = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]
-            for processor in processors:
-                multi.add_span_processor(processor)
-            spans = multi
+            if len(processors) == 1:
+                spans = processors[0]  # the usual case: one exporter, no fan-out per span
+            else:
+                spans = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]
+                for processor in processors:
+                    spans.add_span_processor(processor)
             tracer = LeanTracer(
                 resource=resource,
                 sampler=sampler,
-                processor=multi,
+                processor=spans,
                 scope=InstrumentationScope(scope_name, "", ""),  # as the SDK names it
             )
     return Telemetry(
