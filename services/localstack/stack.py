@@ -12,7 +12,7 @@ import asyncio
 import os
 import ssl
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -32,6 +32,12 @@ from services.localstack.redis_server import RedisServer
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _WITH_METRICS = ("services.edge", "services.router", "services.worker")
+_SERVICE_KINDS = {
+    "services.edge": "edge",
+    "services.router": "router",
+    "services.worker": "worker",
+    "services.netem": "netem",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +78,7 @@ class LocalStack:
         python: str = sys.executable,
         tls: bool = False,
         edge_args: Sequence[str] = (),
+        service_env: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         self.config = config
         self.run_dir = run_dir
@@ -84,6 +91,12 @@ class LocalStack:
         self._python = python
         self.tls = tls
         self._edge_args = tuple(edge_args)  # extra edge flags (benchmarks lift per-IP limits)
+        # Extra environment by kind of service ("edge", "router", "worker", "netem"), on top of
+        # this process's: benchmarks set telemetry per service.
+        unknown = set(service_env or {}) - set(_SERVICE_KINDS.values())
+        if unknown:
+            raise ValueError(f"service_env: no such service kind {sorted(unknown)}")
+        self._service_env = {k: dict(v) for k, v in (service_env or {}).items()}
         self.redis: RedisServer | None = None
         self.workers: dict[str, ManagedProcess] = {}
         self.netem: ManagedProcess | None = None
@@ -100,6 +113,7 @@ class LocalStack:
             argv=[self._python, "-m", module, "--ready-file", str(ready), *args],
             log_path=self.run_dir / "logs" / f"{name}.log",
             ready_file=ready,
+            env=self._service_env.get(_SERVICE_KINDS[module]),
         )
 
     def processes(self) -> list[ManagedProcess]:
