@@ -346,7 +346,9 @@ def setup(
                 tracer_provider.add_span_processor(processor)
             tracer = tracer_provider.get_tracer(scope_name)
         else:
-            if len(processors) == 1:
+            if not processors:
+                spans = None  # no exporter: spans carry ids and decisions, nothing is recorded
+            elif len(processors) == 1:
                 spans = processors[0]  # the usual case: one exporter, no fan-out per span
             else:
                 spans = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]

@@ -429,11 +429,14 @@ class LeanTracer(trace.Tracer):
         *,
         resource: Resource,
         sampler: Sampler,
-        processor: SpanProcessor,
+        processor: SpanProcessor | None,
         scope: InstrumentationScope,
         limits: SpanLimits | None = None,
         id_generator: IdGenerator | None = None,
     ) -> None:
+        """``processor`` None: nothing would receive the spans (no exporter configured), so
+        none is recorded; every span still gets real ids and the sampling decision, for
+        propagation, log lines and ``x-trace-id``."""
         self.resource = resource
         self.sampler = sampler
         self.processor = processor
@@ -492,7 +495,8 @@ class LeanTracer(trace.Tracer):
             trace_flags=flags,
             trace_state=trace_state,
         )
-        if not recording:
+        processor = self.processor
+        if not recording or processor is None:
             return trace.NonRecordingSpan(span_context)
         span = LeanSpan(
             name=name,
@@ -504,12 +508,12 @@ class LeanTracer(trace.Tracer):
             attributes=attributes,
             links=links,
             limits=self.limits,
-            processor=self.processor,
+            processor=processor,
             start_time=start_time,
             record_exception=record_exception,
             set_status_on_exception=set_status_on_exception,
         )
-        self.processor.on_start(span, parent_context=context)  # type: ignore[arg-type]
+        processor.on_start(span, parent_context=context)  # type: ignore[arg-type]
         return span
 
     def start_as_current_span(  # type: ignore[override]

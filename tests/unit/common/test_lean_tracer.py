@@ -308,3 +308,27 @@ def test_children_follow_their_parent_as_the_sdk_decides(parent_sampled: bool) -
     # The inverted sampler really was asked at each level: it flips the decision every time.
     _, lean_spans = both(children, sampler=inverted)
     assert [s.name for s in lean_spans] == (["grandchild"] if parent_sampled else ["child"])
+
+
+def test_with_nothing_to_export_to_spans_keep_ids_and_decisions_but_record_nothing() -> None:
+    """No exporter configured: the trace still propagates (ids in logs, ``x-trace-id``,
+    ``traceparent`` with its sampled flag) without the cost of recording spans nobody reads."""
+    tracer = LeanTracer(
+        resource=RESOURCE,
+        sampler=ParentBased(ALWAYS_ON),
+        processor=None,
+        scope=InstrumentationScope("meridian.test"),
+    )
+    parent = trace.set_span_in_context(trace.NonRecordingSpan(REMOTE))
+    with tracer.start_as_current_span("request", context=parent) as span:
+        assert not span.is_recording()
+        ctx = span.get_span_context()
+        assert ctx.is_valid
+        assert ctx.trace_id == REMOTE.trace_id
+        assert ctx.span_id != REMOTE.span_id
+        assert ctx.trace_flags.sampled
+        child = tracer.start_span("child")
+        assert child.get_span_context().trace_id == REMOTE.trace_id
+    root = tracer.start_span("root")
+    assert root.get_span_context().is_valid
+    assert root.get_span_context().trace_flags.sampled
