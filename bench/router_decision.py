@@ -2,17 +2,17 @@
 
     .venv/bin/python -m bench.router_decision [--workers 10 100 1000] [--calls 3000] [--seed 1]
 
-Prints p50/p99/max microseconds of ``Scheduler.schedule`` (wall clock around the call, GC on),
-and p50/p99 of the CPU time it used (``time.thread_time_ns``: unlike wall time, not inflated
-when the OS runs another process in the middle of a decision, which on a shared 2-core box
-dominates the wall-clock tail), for three ways the registry can hand snapshots in:
+Prints p50/p99/max microseconds of ``SchedulerProfile.schedule`` (wall clock around the call,
+GC on), and p50/p99 of the CPU time it used (``time.thread_time_ns``: unlike wall time, not
+inflated when the OS runs another process in the middle of a decision, which on a shared 2-core box
+dominates the wall-clock tail), for three ways the fleet can hand snapshots in:
 
 - ``steady``: between load reports; only the worker picked last time has a new snapshot (its
-  ``in_flight`` changed), as the registry's assignment accounting does;
+  ``in_flight`` changed), as the fleet's assignment accounting does;
 - ``churn``: as steady, plus 1 % of the workers (at least one) get a new snapshot per decision —
   fresh load reports or probes (1,000 workers reporting 10x/s at 1,000 decisions/s);
 - ``cold``: every snapshot is new on every decision (no memo hit at all: the worst case, and
-  what a registry that rebuilds every snapshot per call would cost).
+  what a fleet that rebuilds every snapshot per call would cost).
 
 Queries: STANDARD priority, one model served by 90 % of the workers (the others serve a
 different one), half with a session id and prefix hashes drawn from 200 conversations, so the
@@ -33,7 +33,7 @@ from pathlib import Path
 from time import perf_counter_ns, thread_time_ns
 
 from services.common.clock import ManualClock
-from services.router.scheduling.framework import Scheduler
+from services.router.scheduling.framework import SchedulerProfile
 from services.router.scheduling.profile import load_profile
 from services.router.scheduling.types import (
     ModelState,
@@ -98,7 +98,7 @@ def refresh(w: WorkerSnapshot, rng: random.Random) -> WorkerSnapshot:
 
 
 def run(
-    scheduler: Scheduler, n: int, scenario: str, calls: int, seed: int
+    scheduler: SchedulerProfile, n: int, scenario: str, calls: int, seed: int
 ) -> tuple[list[float], list[float], int]:
     """Wall-clock and CPU times (us) of ``calls`` decisions after a warm-up, and how many came
     back empty. CPU time (this thread's) leaves out time the OS gave to other processes, so
@@ -126,7 +126,7 @@ def run(
         if k >= warmup:
             samples.append(elapsed / 1000)
             cpu.append(spent / 1000)
-        if decision.ranked:  # the registry's in-flight accounting: a new snapshot
+        if decision.ranked:  # the fleet's in-flight accounting: a new snapshot
             picked = decision.ranked[0].worker
             i = position[picked.worker_id]
             # Bounded, so that load stays stationary over thousands of decisions.

@@ -3,7 +3,7 @@
     .venv/bin/python -m bench.router_rpc [--workers 10 100 1000] [--calls 3000] [--seed 1]
 
 The router is the real thing — a ``grpc.aio`` server with :class:`RouterService`, the default
-scheduling profile and a :class:`WorkerRegistry` — in its own process (as in production: the
+scheduling profile and a :class:`Fleet` — in its own process (as in production: the
 edge and the router are different processes), fed with real ``LoadReport`` messages for N
 synthetic workers instead of N sockets: a background task delivers a fresh report for every
 worker once per ``--report-period-ms`` (1 s by default: 1,000 reports/s at 1,000 workers) and
@@ -12,7 +12,7 @@ process) calls Route one at a time, as an edge would for sequential requests, an
 round trip.
 
 Prints p50/p99 of the round trip, of the router-side decision (``decision_us`` in the
-response: validation, registry snapshot, scheduling, in-flight accounting, journal), and the
+response: validation, fleet snapshot, scheduling, in-flight accounting, journal), and the
 gRPC floor on the same channel (a ``ReportOutcome`` whose handler does nothing), which is
 what Python gRPC costs before any routing. Goal: RPC p50 <= 0.5 ms.
 """
@@ -37,7 +37,7 @@ import uvloop
 from meridian.v1 import router_pb2, router_pb2_grpc, worker_pb2
 from services.common.clock import SYSTEM_CLOCK
 from services.common.grpcutil import insecure_channel, new_server
-from services.router.registry import RegistryConfig, WorkerRegistry
+from services.router.fleet import Fleet, FleetConfig
 from services.router.scheduling.profile import load_profile
 from services.router.service import RouterService
 
@@ -71,25 +71,25 @@ def load_report(rng: random.Random, i: int, sequence: int) -> worker_pb2.LoadRep
     return r
 
 
-def populate(registry: WorkerRegistry, n: int, rng: random.Random) -> list[float]:
+def populate(fleet: Fleet, n: int, rng: random.Random) -> list[float]:
     """N workers described, reporting and probed, as their watchers would leave them."""
     rtts = []
     for i in range(n):
         addr = address(i)
-        registry.add(addr)
+        fleet.add(addr)
         report = load_report(rng, i, 1)
-        registry.on_describe(
+        fleet.on_describe(
             addr, worker_pb2.WorkerInfo(worker_id=report.worker_id, region=report.region)
         )
-        registry.on_report(addr, report, SYSTEM_CLOCK.monotonic())
+        fleet.on_report(addr, report, SYSTEM_CLOCK.monotonic())
         rtt = rng.uniform(1.0, 180.0)
         rtts.append(rtt)
-        registry.on_probe(addr, rtt)
+        fleet.on_probe(addr, rtt)
     return rtts
 
 
 async def feed(
-    registry: WorkerRegistry, n: int, rtts: list[float], rng: random.Random, period_s: float
+    fleet: Fleet, n: int, rtts: list[float], rng: random.Random, period_s: float
 ) -> None:
     """Reports and probes for every worker once per ``period_s``, spread over ticks."""
     per_tick = max(1, round(n * TICK_S / period_s))
@@ -100,8 +100,8 @@ async def feed(
         now = SYSTEM_CLOCK.monotonic()
         for _ in range(per_tick):
             sequence += 1
-            registry.on_report(address(i), load_report(rng, i, sequence), now)
-            registry.on_probe(address(i), rtts[i] * rng.uniform(0.95, 1.05))
+            fleet.on_report(address(i), load_report(rng, i, sequence), now)
+            fleet.on_probe(address(i), rtts[i] * rng.uniform(0.95, 1.05))
             i = (i + 1) % n
 
 
@@ -109,16 +109,16 @@ def serve_process(n: int, seed: int, period_s: float, ports: Queue[int]) -> None
     async def serve() -> None:
         rng = random.Random(seed)
         # A worker is stale after three missed reports, as with the router's defaults.
-        registry = WorkerRegistry(RegistryConfig(stale_after_s=3 * period_s))
-        rtts = populate(registry, n, rng)
+        fleet = Fleet(FleetConfig(stale_after_s=3 * period_s))
+        rtts = populate(fleet, n, rng)
         service = RouterService(
-            registry=registry, scheduler=load_profile(PROFILE), clock=SYSTEM_CLOCK, site="bench"
+            fleet=fleet, scheduler=load_profile(PROFILE), clock=SYSTEM_CLOCK, site="bench"
         )
         server = new_server()
         router_pb2_grpc.add_RouterServicer_to_server(service, server)
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
-        feeder = asyncio.create_task(feed(registry, n, rtts, rng, period_s))
+        feeder = asyncio.create_task(feed(fleet, n, rtts, rng, period_s))
         ports.put(port)
         try:
             await server.wait_for_termination()

@@ -6,7 +6,7 @@ nearest-region and least-loaded baselines, at equal load, with a hotspot in the 
 
 The stack is the real one, in one process: simulated GPU workers (``SimEngine`` behind the
 worker's gRPC service) in three regions, each behind a userspace delay proxy (the router
-measures the distance); a router (registry, watchers, the profile under test) watching the
+measures the distance); a router (fleet, watchers, the profile under test) watching the
 proxies; and a client that does what the edge does — ``Route``, ``Generate`` on the primary
 through its proxy, ``ReportOutcome`` — with the edge's own prefix hashes.
 
@@ -58,7 +58,7 @@ from services.edge.prompt import estimate_prompt_tokens, prefix_hashes
 from services.netem.config import LinkProfile, Route
 from services.netem.proxy import DelayProxy
 from services.router.discovery import Discovery, DiscoveryConfig
-from services.router.registry import WorkerRegistry
+from services.router.fleet import Fleet
 from services.router.scheduling.profile import load_profile
 from services.router.service import RouterService
 from services.router.watcher import WatchConfig
@@ -162,7 +162,7 @@ class Stack:
     background: list[asyncio.Task[None]] = field(default_factory=list)
     router_server: grpc.aio.Server | None = None
     discovery: Discovery | None = None
-    registry: WorkerRegistry | None = None
+    fleet: Fleet | None = None
     router_address: str = ""
 
     async def start(self, profile: str, seed: int) -> None:
@@ -199,9 +199,9 @@ class Stack:
                 self.background += [
                     asyncio.create_task(hotspot(engine, f"{name}-bg{i}")) for i in range(HOT_SLOTS)
                 ]
-        self.registry = WorkerRegistry()
+        self.fleet = Fleet()
         self.discovery = Discovery(
-            registry=self.registry,
+            fleet=self.fleet,
             clock=SYSTEM_CLOCK,
             config=DiscoveryConfig(
                 static=tuple(addresses),
@@ -212,7 +212,7 @@ class Stack:
             PROFILES_DIR / f"{profile}.yaml", rng=random.Random(seed), clock=SYSTEM_CLOCK
         )
         router = RouterService(
-            registry=self.registry, scheduler=scheduler, clock=SYSTEM_CLOCK, site="seoul"
+            fleet=self.fleet, scheduler=scheduler, clock=SYSTEM_CLOCK, site="seoul"
         )
         self.router_server = new_server()
         router_pb2_grpc.add_RouterServicer_to_server(router, self.router_server)
@@ -224,10 +224,10 @@ class Stack:
 
     async def _settle(self, timeout_s: float = 15.0) -> None:
         """Until the router sees every worker healthy, measured, and the hotspot loaded."""
-        assert self.registry is not None
+        assert self.fleet is not None
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
-            snaps = self.registry.snapshots(SYSTEM_CLOCK.monotonic())
+            snaps = self.fleet.snapshots(SYSTEM_CLOCK.monotonic())
             hot = [s for s in snaps if s.region == HOT_REGION]
             if (
                 len(snaps) == len(self.engines)

@@ -1,6 +1,6 @@
 """The real vLLM engine on this machine: start time, TTFT, tokens/s, abort latency (prints only).
 
-Runs ``VllmEngine`` on the tiny random Llama (services/worker/tinymodel.py) with the CPU
+Runs ``VllmEngine`` on the tiny random Llama (services/worker/vllm/tinymodel.py) with the CPU
 settings of notes/vllm-cpu.md, so the figures describe the serving path on a small CPU host
 (scheduler, detokenizer, streaming, our wrapper), not a model's speed on a GPU. For each
 concurrency level it sends that many greedy requests of ``--tokens`` tokens (``ignore_eos``)
@@ -23,9 +23,9 @@ from contextlib import aclosing
 from pathlib import Path
 
 from services.worker.engine import ChatTurn, EngineRequest, SamplingOptions
-from services.worker.tinymodel import build_tiny_model
-from services.worker.vllm_config import VllmConfig
-from services.worker.vllm_engine import VllmEngine
+from services.worker.vllm.config import VllmConfig
+from services.worker.vllm.engine import VllmEngine
+from services.worker.vllm.tinymodel import build_tiny_model
 
 MODEL = "tiny-llama"
 

@@ -9,7 +9,7 @@ on a 2-core host they would share the cores):
 - **vllm serve**: ``python -m vllm.entrypoints.openai.api_server``, the server ``vllm serve``
   runs.
 
-Both serve the tiny random-weight Llama (services/worker/tinymodel.py) with the same engine
+Both serve the tiny random-weight Llama (services/worker/vllm/tinymodel.py) with the same engine
 settings (those of ``VllmConfig.cpu_test``: float32, 256-token context, 16 sequences, eager,
 15 % of host memory for the KV cache, seed 0, prefix caching on). The same client drives both:
 ``--concurrency`` streams kept busy (closed loop) until ``--requests`` chat completions of
@@ -65,7 +65,7 @@ from services.edge.directory import Directory
 from services.edge.tenants import Tenant
 from services.localstack.procs import ManagedProcess, ProcessFailed
 from services.localstack.redis_server import RedisServer, free_port
-from services.worker.tinymodel import build_tiny_model
+from services.worker.vllm.tinymodel import build_tiny_model
 
 MODEL = "tiny-llama"
 PROMPT = [{"role": "user", "content": "Tell me about the edge of the network."}]

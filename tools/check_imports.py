@@ -23,9 +23,9 @@ ROOT = Path(__file__).resolve().parents[1]
 SERVICES = ("edge", "router", "worker", "netem")
 # Modules allowed to import the heavy ML stack.
 VLLM_MODULES = {
-    "services/worker/vllm_engine.py",
-    "services/worker/vllm_stats.py",
-    "services/worker/tinymodel.py",
+    "services/worker/vllm/engine.py",
+    "services/worker/vllm/stats.py",
+    "services/worker/vllm/tinymodel.py",
 }
 ML_PACKAGES = ("vllm", "torch", "transformers", "tokenizers")
 

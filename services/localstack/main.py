@@ -117,7 +117,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     state.mkdir(parents=True, exist_ok=True)
     model_path = None
     if args.engine == "vllm":
-        from services.worker.tinymodel import build_tiny_model
+        from services.worker.vllm.tinymodel import build_tiny_model
 
         model_path = build_tiny_model(state / "tiny-model")
     stack = LocalStack(

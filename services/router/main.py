@@ -19,27 +19,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import sys
 from pathlib import Path
 
-from meridian.v1 import router_pb2_grpc
 from services.common import cli, logs, runtime, telemetry
-from services.common.clock import SYSTEM_CLOCK
-from services.common.grpcutil import Health, new_server
-from services.common.logs import event
-from services.common.startup import StartupError, bind_grpc
-from services.router.debug import DebugConfig, DebugEndpoint
-from services.router.discovery import Discovery, DiscoveryConfig
-from services.router.dns import DnsTarget
-from services.router.observability import RouterTelemetry
-from services.router.registry import RegistryConfig, WorkerRegistry
+from services.router.debug import DebugConfig
+from services.router.discovery import DiscoveryConfig
+from services.router.discovery.dns import DnsTarget
+from services.router.fleet import FleetConfig
 from services.router.scheduling.profile import ProfileError, load_profile
-from services.router.service import RouterService, Scheduler
+from services.router.server import RouterConfig, RouterServer
+from services.router.service import Scheduler
 from services.router.watcher import WatchConfig
-
-log = logging.getLogger("meridian.router")
 
 DEFAULT_PROFILE = Path(__file__).resolve().parents[2] / "deploy/router/profiles/default.yaml"
 TOKEN_ENV = "MERIDIAN_ROUTER_DEBUG_TOKEN"
@@ -111,17 +103,24 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def discovery_config(args: argparse.Namespace) -> DiscoveryConfig:
-    return DiscoveryConfig(
-        static=tuple(args.worker),
-        dns=tuple(args.worker_dns),
-        dns_interval_s=args.dns_interval_ms / 1000,
-        announce_dir=args.announce_dir,
-        announce_interval_s=args.announce_interval_ms / 1000,
-        watch=WatchConfig(
-            report_interval_ms=args.report_interval_ms,
-            probe_interval_s=args.probe_interval_ms / 1000,
+def router_config(args: argparse.Namespace, debug: DebugConfig | None) -> RouterConfig:
+    return RouterConfig(
+        site=args.site,
+        host=args.host,
+        port=args.port,
+        fleet=FleetConfig(stale_after_s=args.stale_after_ms / 1000),
+        discovery=DiscoveryConfig(
+            static=tuple(args.worker),
+            dns=tuple(args.worker_dns),
+            dns_interval_s=args.dns_interval_ms / 1000,
+            announce_dir=args.announce_dir,
+            announce_interval_s=args.announce_interval_ms / 1000,
+            watch=WatchConfig(
+                report_interval_ms=args.report_interval_ms,
+                probe_interval_s=args.probe_interval_ms / 1000,
+            ),
         ),
+        debug=debug,
     )
 
 
@@ -149,72 +148,31 @@ def check_sources(args: argparse.Namespace) -> str | None:
 
 
 async def serve(
-    args: argparse.Namespace,
-    scheduler: Scheduler,
-    debug: DebugConfig | None,
-    stop: asyncio.Event,
+    config: RouterConfig, scheduler: Scheduler, args: argparse.Namespace, stop: asyncio.Event
 ) -> None:
-    registry = WorkerRegistry(RegistryConfig(stale_after_s=args.stale_after_ms / 1000))
-    discovery = Discovery(registry=registry, clock=SYSTEM_CLOCK, config=discovery_config(args))
-    tel = telemetry.setup("router", resource_attributes={"meridian.site": args.site})
-    service = RouterService(
-        registry=registry,
-        scheduler=scheduler,
-        clock=SYSTEM_CLOCK,
-        site=args.site,
-        telemetry=RouterTelemetry(
-            tracer=tel.tracer,
-            meter=tel.meter,
-            snapshots=lambda: registry.snapshots(SYSTEM_CLOCK.monotonic()),
-        ),
-    )
-    health = Health(["meridian.v1.Router"])
-    server = new_server()
-    router_pb2_grpc.add_RouterServicer_to_server(service, server)
-    health.add_to(server)
-    port = bind_grpc(server, args.host, args.port, "the router's gRPC API")
-    endpoint = None
-    ready: dict[str, object] = {"port": port, "host": args.host}
-    # Every listener is bound before gRPC starts: a taken port stops the router cleanly.
-    if debug is not None:
-        endpoint = DebugEndpoint(config=debug, service=service, membership=discovery.membership)
-        ready["debug_port"] = await endpoint.start()
+    tel = telemetry.setup("router", resource_attributes={"meridian.site": config.site})
+    router = RouterServer(config=config, scheduler=scheduler, telemetry=tel)
+    ready: dict[str, object] = {"host": config.host}
     metrics_runner = None
-    if args.metrics_port is not None:
-        try:
-            metrics_runner, ready["metrics_port"] = await telemetry.serve_metrics(
-                tel, args.metrics_host, args.metrics_port
-            )
-        except StartupError:
-            if endpoint is not None:
-                await endpoint.stop()
-            raise
-    await server.start()
-    discovery.start()
-    await health.set_serving(True)
+    if args.metrics_port is not None:  # bound before gRPC: a taken port stops us cleanly
+        metrics_runner, ready["metrics_port"] = await telemetry.serve_metrics(
+            tel, args.metrics_host, args.metrics_port
+        )
+    try:
+        ready["port"] = await router.start()
+    except BaseException:
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
+        raise
+    if router.debug_port is not None:
+        ready["debug_port"] = router.debug_port
     runtime.settle_gc()
     runtime.write_ready_file(args.ready_file, ready)
-    event(
-        log,
-        "router.listening",
-        port=port,
-        site=args.site,
-        profile=scheduler.name,
-        workers=len(args.worker),
-        dns=[str(t) for t in args.worker_dns],
-        announce_dir=str(args.announce_dir) if args.announce_dir else None,
-        debug_port=ready.get("debug_port"),
-    )
     await stop.wait()
-    await health.shutdown()
-    if endpoint is not None:
-        await endpoint.stop()
-    await server.stop(grace=1.0)
-    await discovery.stop()
+    await router.stop()
     if metrics_runner is not None:
         await metrics_runner.cleanup()
     tel.shutdown()
-    event(log, "router.stopped")
 
 
 def main(argv: list[str] | None = None, environ: dict[str, str] | None = None) -> int:
@@ -234,7 +192,8 @@ def main(argv: list[str] | None = None, environ: dict[str, str] | None = None) -
     except ProfileError as err:
         parser.error(f"--profile {args.profile}: {err}")
     logs.configure("router", args.log_level)
-    runtime.run(lambda stop: serve(args, scheduler, debug, stop))
+    config = router_config(args, debug)
+    runtime.run(lambda stop: serve(config, scheduler, args, stop))
     return 0
 
 

@@ -6,7 +6,7 @@
 - ``meridian.router.decisions{meridian.region, meridian.signal}``: decisions by the region
   that won and by the signal that separated it most from the runner-up;
   ``meridian.router.empty_decisions{meridian.reason}``; decision and per-plugin cost in µs;
-  healthy workers by region (a gauge read from the registry at scrape time).
+  healthy workers by region (a gauge read from the fleet at scrape time).
 """
 
 from __future__ import annotations

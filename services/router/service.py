@@ -1,6 +1,6 @@
 """The router's gRPC service: Route, ReportOutcome, ListModels, GetView.
 
-Route turns a request into a :class:`RouteQuery`, asks the scheduler to rank the registry's
+Route turns a request into a :class:`RouteQuery`, asks the scheduler to rank the fleet's
 current snapshots, records the assignment (in-flight accounting) and answers with the ranked
 candidates and their per-signal contributions. An empty decision becomes the gRPC status its
 reason maps to (see proto/meridian/v1/router.proto): SATURATED (every allowed worker refuses
@@ -45,9 +45,9 @@ from services.common.errors import (
 from services.common.grpcutil import abort_with
 from services.common.logs import event
 from services.common.tracecontext import extract_metadata
+from services.router.fleet import Fleet
 from services.router.journal import DecisionJournal, JournalEntry, PluginTimings
 from services.router.observability import RouterTelemetry
-from services.router.registry import WorkerRegistry
 from services.router.scheduling.types import (
     Decision,
     ModelState,
@@ -157,7 +157,7 @@ class RouterService(router_pb2_grpc.RouterServicer):
     def __init__(
         self,
         *,
-        registry: WorkerRegistry,
+        fleet: Fleet,
         scheduler: Scheduler,
         clock: Clock,
         site: str = "",
@@ -165,7 +165,7 @@ class RouterService(router_pb2_grpc.RouterServicer):
         timings: PluginTimings | None = None,
         telemetry: RouterTelemetry | None = None,
     ) -> None:
-        self._registry = registry
+        self._fleet = fleet
         self.telemetry = telemetry or RouterTelemetry()
         self._scheduler = scheduler
         self._clock = clock
@@ -181,8 +181,8 @@ class RouterService(router_pb2_grpc.RouterServicer):
         self._empty_log = LogThrottle(interval_s=1.0)
 
     @property
-    def registry(self) -> WorkerRegistry:
-        return self._registry
+    def fleet(self) -> Fleet:
+        return self._fleet
 
     @property
     def clock(self) -> Clock:
@@ -203,7 +203,7 @@ class RouterService(router_pb2_grpc.RouterServicer):
         picker advances; affinity plugins learn only from queries with a session or prefix,
         which the debug endpoint does not send)."""
         started = time.perf_counter_ns()
-        snapshots = self._registry.snapshots(self._clock.monotonic())
+        snapshots = self._fleet.snapshots(self._clock.monotonic())
         decision = self._scheduler.schedule(query, snapshots)
         return decision, (time.perf_counter_ns() - started) / 1000
 
@@ -236,7 +236,7 @@ class RouterService(router_pb2_grpc.RouterServicer):
             span.set_attribute(mn.MODEL, query.model)
             span.set_attribute("meridian.priority", query.priority.name.lower())
         now = self._clock.monotonic()
-        decision = self._scheduler.schedule(query, self._registry.snapshots(now))
+        decision = self._scheduler.schedule(query, self._fleet.snapshots(now))
         self.timings.record(decision.plugin_timings_us)
         if not decision.ranked:
             elapsed_us = (time.perf_counter_ns() - started) / 1000
@@ -260,7 +260,7 @@ class RouterService(router_pb2_grpc.RouterServicer):
             await abort_with(context, error_for(decision, query))
         decision_id = f"{self._id_prefix}{next(self._ids):x}"
         winner = decision.ranked[0]
-        self._registry.assign(winner.worker.worker_id, decision_id, now)
+        self._fleet.assign(winner.worker.worker_id, decision_id, now)
         elapsed_us = (time.perf_counter_ns() - started) / 1000
         self.telemetry.record(decision, elapsed_us, span)
         span.set_attribute("meridian.decision_id", decision_id)
@@ -307,7 +307,7 @@ class RouterService(router_pb2_grpc.RouterServicer):
     def _outcome(self, report: router_pb2.OutcomeReport, now: float) -> None:
         """An attempt ended: release its in-flight slot; a failure counts towards ejection."""
         failed = report.outcome == router_pb2.OUTCOME_FAILED
-        self._registry.on_outcome(report.worker_id, report.decision_id, failed, now)
+        self._fleet.on_outcome(report.worker_id, report.decision_id, failed, now)
 
     async def ListModels(
         self,
@@ -315,7 +315,7 @@ class RouterService(router_pb2_grpc.RouterServicer):
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> router_pb2.ListModelsResponse:
         models: dict[str, tuple[set[str], int]] = {}
-        for w in self._registry.snapshots(self._clock.monotonic()):
+        for w in self._fleet.snapshots(self._clock.monotonic()):
             if not w.healthy:
                 continue
             for m in w.models:
@@ -339,7 +339,7 @@ class RouterService(router_pb2_grpc.RouterServicer):
         view = router_pb2.RouterView(
             router_site=self._site, generated_unix_ms=int(time.time() * 1000)
         )
-        for w in sorted(self._registry.snapshots(now), key=lambda s: (s.region, s.worker_id)):
+        for w in sorted(self._fleet.snapshots(now), key=lambda s: (s.region, s.worker_id)):
             wv = view.workers.add(
                 worker_id=w.worker_id,
                 region=w.region,
@@ -351,7 +351,7 @@ class RouterService(router_pb2_grpc.RouterServicer):
                 report_age_ms=w.report_age_s * 1000,
                 in_flight_assigned=w.in_flight,
             )
-            report = self._registry.last_report(w.worker_id)
+            report = self._fleet.last_report(w.worker_id)
             if report is not None:
                 wv.load.CopyFrom(report)
         return view

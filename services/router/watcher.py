@@ -1,7 +1,7 @@
 """One task per worker address: describe it, follow its load stream, and probe its RTT.
 
 The watcher is the only place the router does network I/O towards workers. It feeds the
-:class:`~services.router.registry.WorkerRegistry` and reconnects with a short backoff, so a
+:class:`~services.router.fleet.Fleet` and reconnects with a short backoff, so a
 restarted worker is back in the view within about a second of listening again.
 
 RTT is measured by this router (the Probe RPC, timed here) through whatever network lies
@@ -25,7 +25,7 @@ from meridian.v1 import worker_pb2, worker_pb2_grpc
 from services.common.clock import Clock
 from services.common.grpcutil import insecure_channel
 from services.common.logs import event
-from services.router.registry import WorkerRegistry
+from services.router.fleet import Fleet
 
 log = logging.getLogger("meridian.router.watcher")
 
@@ -63,18 +63,18 @@ class WorkerWatcher:
         self,
         *,
         address: str,
-        registry: WorkerRegistry,
+        fleet: Fleet,
         clock: Clock,
         config: WatchConfig | None = None,
     ) -> None:
         self.address = address
-        self._registry = registry
+        self._fleet = fleet
         self._clock = clock
         self._config = config or WatchConfig()
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
-        self._registry.add(self.address)
+        self._fleet.add(self.address)
         self._task = asyncio.create_task(self._run(), name=f"watch {self.address}")
 
     async def stop(self) -> None:
@@ -82,7 +82,7 @@ class WorkerWatcher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        self._registry.remove(self.address)
+        self._fleet.remove(self.address)
 
     async def _run(self) -> None:
         cfg = self._config
@@ -96,14 +96,14 @@ class WorkerWatcher:
                 info = await stub.Describe(
                     worker_pb2.DescribeRequest(), timeout=cfg.describe_timeout_s
                 )
-                self._registry.on_describe(self.address, info)
+                self._fleet.on_describe(self.address, info)
                 event(log, "worker.connected", address=self.address, worker_id=info.worker_id)
                 reported, reason = await self._follow(stub)
             except grpc.aio.AioRpcError as err:
                 reason = _reason(err)
             finally:
                 await channel.close(grace=None)
-            self._registry.on_disconnect(self.address, reason)
+            self._fleet.on_disconnect(self.address, reason)
             if reported:
                 backoff, failures = cfg.backoff_min_s, 0
             failures += not reported
@@ -132,7 +132,7 @@ class WorkerWatcher:
             )
             async for report in call:
                 reported = True
-                self._registry.on_report(self.address, report, self._clock.monotonic())
+                self._fleet.on_report(self.address, report, self._clock.monotonic())
         except grpc.aio.AioRpcError as err:
             reason = _reason(err)
         finally:
@@ -150,9 +150,9 @@ class WorkerWatcher:
                     worker_pb2.ProbeRequest(sent_unix_ns=time.time_ns()),
                     timeout=cfg.probe_timeout_s,
                 )
-                self._registry.on_probe(self.address, (time.perf_counter() - started) * 1000)
+                self._fleet.on_probe(self.address, (time.perf_counter() - started) * 1000)
             except grpc.aio.AioRpcError:
-                self._registry.on_probe(self.address, None)
+                self._fleet.on_probe(self.address, None)
             await asyncio.sleep(cfg.probe_interval_s)
 
 

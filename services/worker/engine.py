@@ -1,7 +1,7 @@
 """The seam between the worker's gRPC server and whatever runs the model.
 
 Two implementations: ``SimEngine`` (services/worker/sim/), a performance model of a GPU server
-for GPU-less stacks and large simulations, and ``VllmEngine`` (services/worker/vllm_engine.py),
+for GPU-less stacks and large simulations, and ``VllmEngine`` (services/worker/vllm/engine.py),
 vLLM's ``AsyncLLM``. The server only knows this interface; it never imports vllm.
 
 Contract every engine keeps:
@@ -24,6 +24,10 @@ import enum
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Protocol
+
+
+class EngineConfigError(ValueError):
+    """A bad engine option, found before the engine is built; the message names the option."""
 
 
 class FinishReason(enum.StrEnum):

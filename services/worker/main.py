@@ -12,23 +12,16 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import logging
 import os
 import re
 import sys
 from pathlib import Path
 
-from meridian.v1 import worker_pb2_grpc
 from services.common import cli, logs, runtime, telemetry
-from services.common.grpcutil import Health, new_server
-from services.common.logs import event
-from services.common.startup import bind_grpc
-from services.worker.engine import Engine
-from services.worker.engines import ENGINE_NAMES, EngineConfigError, build_engine
-from services.worker.observability import WorkerTelemetry
-from services.worker.service import EARLY_REPORT_LOAD, WorkerService
-
-log = logging.getLogger("meridian.worker")
+from services.worker.engine import Engine, EngineConfigError
+from services.worker.engine_factory import ENGINE_NAMES, build_engine
+from services.worker.server import WorkerConfig, WorkerServer
+from services.worker.service import EARLY_REPORT_LOAD
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -110,67 +103,44 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def worker_config(args: argparse.Namespace) -> WorkerConfig:
+    return WorkerConfig(
+        worker_id=args.worker_id,
+        region=args.region,
+        host=args.host,
+        port=args.port,
+        report_interval_s=args.report_interval_ms / 1000,
+        early_report_load=args.early_report_load,
+        drain_grace_s=args.drain_grace_s,
+    )
+
+
 async def serve(args: argparse.Namespace, engine: Engine, stop: asyncio.Event) -> None:
     tel = telemetry.setup(
         "worker",
         resource_attributes={"meridian.region": args.region, "meridian.worker": args.worker_id},
     )
-    service = WorkerService(
-        engine=engine,
-        worker_id=args.worker_id,
-        region=args.region,
-        report_interval_s=args.report_interval_ms / 1000,
-        early_report_load=args.early_report_load,
-        telemetry=WorkerTelemetry(
-            tracer=tel.tracer,
-            meter=tel.meter,
-            worker_id=args.worker_id,
-            region=args.region,
-            load=engine.load,
-        ),
-    )
-    health = Health(["meridian.v1.Worker"])
-    server = new_server()
-    worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
-    health.add_to(server)
-    port = bind_grpc(server, args.host, args.port, "the worker's gRPC API")
-    ready: dict[str, object] = {"port": port, "host": args.host}
+    worker = WorkerServer(config=worker_config(args), engine=engine, telemetry=tel)
+    ready: dict[str, object] = {"host": args.host}
     metrics_runner = None
-    if args.metrics_port is not None:  # bound before gRPC starts: a taken port stops us cleanly
+    if args.metrics_port is not None:  # bound before gRPC: a taken port stops us cleanly
         metrics_runner, ready["metrics_port"] = await telemetry.serve_metrics(
             tel, args.metrics_host, args.metrics_port
         )
-    await server.start()
-    await health.set_serving(False)
+    try:
+        ready["port"] = await worker.start()
+    except BaseException:
+        if metrics_runner is not None:
+            await metrics_runner.cleanup()
+        raise
     runtime.settle_gc()
     runtime.write_ready_file(args.ready_file, ready)
-    event(log, "worker.listening", port=port, engine=engine.name, region=args.region)
-
-    async def load_engine() -> None:
-        await engine.start()
-        service.notify_state_change()
-        await health.set_serving(True)
-        event(log, "worker.ready", models=[m.name for m in engine.models()])
-
-    loading = asyncio.create_task(load_engine())
-    stopping = asyncio.create_task(stop.wait())
-    await asyncio.wait({loading, stopping}, return_when=asyncio.FIRST_COMPLETED)
-    if not loading.done():
-        loading.cancel()  # stopped while the model was still loading
-    elif loading.exception() is not None:
-        # Keep serving FAILED in load reports (the router sees why) until told to stop.
-        event(log, "worker.engine_failed", level=logging.ERROR, error=repr(loading.exception()))
-        service.notify_state_change()
-    await stopping
-    await health.set_serving(False)
-    aborted = await service.drain(args.drain_grace_s)
-    await health.shutdown()
-    await server.stop(grace=1.0)
-    await engine.shutdown()
+    await worker.wait_loaded_or(stop)
+    await stop.wait()
+    await worker.stop()
     if metrics_runner is not None:
         await metrics_runner.cleanup()
     tel.shutdown()
-    event(log, "worker.stopped", aborted=aborted)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,11 +34,11 @@ async def test_a_dead_worker_is_skipped_before_the_router_notices(stack: Stack) 
 
 
 async def test_a_dead_worker_leaves_the_view_within_a_second(stack: Stack) -> None:
-    await stack.workers["kr-1"].server.stop(0)  # the process "dies"
+    await stack.workers["kr-1"].die()  # the process "dies"
     loop = asyncio.get_running_loop()
     start = loop.time()
     while True:
-        snaps = {s.worker_id: s for s in stack.router.registry.snapshots(loop.time())}
+        snaps = {s.worker_id: s for s in stack.router.fleet.snapshots(loop.time())}
         if not snaps["kr-1"].healthy:
             break
         assert loop.time() - start < 1.0, "kr-1 still healthy after 1 s"

@@ -23,7 +23,7 @@ async def test_batched_outcomes_release_in_flight_before_any_load_report() -> No
         ]
 
         def in_flight() -> int:
-            (snap,) = router.registry.snapshots(SYSTEM_CLOCK.monotonic())
+            (snap,) = router.fleet.snapshots(SYSTEM_CLOCK.monotonic())
             return snap.in_flight
 
         assert in_flight() == 5
@@ -57,7 +57,7 @@ async def test_closing_the_client_flushes_pending_outcomes() -> None:
             )
         )
         await client.close()
-        (snap,) = router.registry.snapshots(SYSTEM_CLOCK.monotonic())
+        (snap,) = router.fleet.snapshots(SYSTEM_CLOCK.monotonic())
         assert snap.in_flight == 0
         assert snap.recent_failures == 1
     finally:

@@ -19,7 +19,7 @@ import pytest
 
 from meridian.v1 import router_pb2
 from services.common.clock import SYSTEM_CLOCK
-from services.router.dns import DnsTarget
+from services.router.discovery.dns import DnsTarget
 from services.worker.sim import SimEngine
 from tests.support.inproc import RunningRouter, RunningWorker, start_router, start_worker
 from tests.support.regions import MODEL, Refused, RouterCaller, sim
@@ -30,11 +30,11 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def healthy(router: RunningRouter) -> set[str]:
-    return {s.worker_id for s in router.registry.snapshots(SYSTEM_CLOCK.monotonic()) if s.healthy}
+    return {s.worker_id for s in router.fleet.snapshots(SYSTEM_CLOCK.monotonic()) if s.healthy}
 
 
 def listed(router: RunningRouter) -> set[str]:
-    return {s.worker_id for s in router.registry.snapshots(SYSTEM_CLOCK.monotonic())}
+    return {s.worker_id for s in router.fleet.snapshots(SYSTEM_CLOCK.monotonic())}
 
 
 async def served_by(caller: RouterCaller, region: str) -> str | None:
@@ -70,7 +70,7 @@ async def test_a_dns_name_resolved_by_the_system_brings_its_workers(
     caller = RouterCaller(router.address)
     try:
         await router.wait_healthy(1)
-        assert router.registry.address_of("kr-1") == f"127.0.0.1:{port}"
+        assert router.fleet.address_of("kr-1") == f"127.0.0.1:{port}"
         assert await served_by(caller, "kr") == "kr-1"
         assert router.discovery.membership.sources() == {
             f"dns:localhost:{port}": frozenset({f"127.0.0.1:{port}"})
@@ -106,7 +106,7 @@ async def test_a_worker_added_to_a_dns_name_gets_traffic_and_leaves_when_dead(
         joined_after = await seconds_until(jp_serves, timeout_s=5.0)
         assert joined_after < 5.0
 
-        await jp.server.stop(0)  # dies; DNS still lists it
+        await jp.die()  # dies; DNS still lists it
 
         async def jp_refused() -> bool:
             return await served_by(caller, "jp") is None
@@ -163,7 +163,7 @@ async def test_a_worker_announcing_itself_gets_traffic_and_leaves_when_dead(
 
         await seconds_until(jp_serves, timeout_s=30.0)  # includes the process starting
         ready = json.loads((announce / "jp-9.json").read_text())
-        assert router.registry.address_of("jp-9") == f"127.0.0.1:{ready['port']}"
+        assert router.fleet.address_of("jp-9") == f"127.0.0.1:{ready['port']}"
 
         proc.send_signal(signal.SIGKILL)  # no clean exit: the file stays behind
 

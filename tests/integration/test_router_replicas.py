@@ -70,7 +70,7 @@ async def route(caller: RouterCaller, **fields: object) -> router_pb2.RouteRespo
 
 
 def in_flight(router: RunningRouter, worker_id: str) -> int:
-    snaps = {s.worker_id: s for s in router.registry.snapshots(SYSTEM_CLOCK.monotonic())}
+    snaps = {s.worker_id: s for s in router.fleet.snapshots(SYSTEM_CLOCK.monotonic())}
     return snaps[worker_id].in_flight
 
 
@@ -143,5 +143,5 @@ async def test_one_replica_going_away_does_not_disturb_the_other(replicas: Repli
     assert served.region == "us"
     oregon = replicas.routers["oregon"]
     await eventually(
-        lambda: all(s.healthy for s in oregon.registry.snapshots(SYSTEM_CLOCK.monotonic()))
+        lambda: all(s.healthy for s in oregon.fleet.snapshots(SYSTEM_CLOCK.monotonic()))
     )

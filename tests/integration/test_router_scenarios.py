@@ -110,7 +110,7 @@ async def test_a_lost_region_loses_its_traffic_within_a_second(how: str, caller_
     lost_at = loop.time()
     for w in regions.in_region("kr"):
         if how == "killed":
-            await w.server.stop(0)
+            await w.die()
         else:  # the network to the region freezes: no reset, just silence
             regions.proxies[w.worker_id].cut(CutMode.BLACKHOLE, reset_existing=False)
     while True:
@@ -153,7 +153,7 @@ async def test_a_residency_pinned_request_never_leaves_its_regions(caller_for: A
     finally:
         await full.release()
 
-    await regions.workers["kr-1"].server.stop(0)
+    await regions.workers["kr-1"].die()
     await eventually(lambda: not regions.view()["kr-1"].healthy)
     dead = await caller.route(allowed_regions=["kr"])
     assert isinstance(dead, Refused)

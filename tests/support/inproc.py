@@ -11,12 +11,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import grpc
 import redis.asyncio as aioredis
 
-from meridian.v1 import router_pb2_grpc, worker_pb2_grpc
 from services.common.clock import SYSTEM_CLOCK, Clock
-from services.common.grpcutil import Health, new_server
 from services.common.telemetry import Telemetry
 from services.edge.apikeys import KeyHasher
 from services.edge.app import EdgeDeps
@@ -29,12 +26,14 @@ from services.edge.tenants import Tenant
 from services.edge.upstream import RouterClient
 from services.router.debug import DebugConfig, DebugEndpoint
 from services.router.discovery import Discovery, DiscoveryConfig
-from services.router.dns import DnsTarget, Resolver
-from services.router.registry import RegistryConfig, WorkerRegistry
+from services.router.discovery.dns import DnsTarget, Resolver
+from services.router.fleet import Fleet, FleetConfig
 from services.router.scheduling.profile import load_profile
+from services.router.server import RouterConfig, RouterServer
 from services.router.service import RouterService, Scheduler
 from services.router.watcher import WatchConfig
 from services.worker.engine import Engine
+from services.worker.server import WorkerConfig, WorkerServer
 from services.worker.service import WorkerService
 
 REPO = Path(__file__).resolve().parents[2]
@@ -43,16 +42,33 @@ DEFAULT_PROFILE = REPO / "deploy/router/profiles/default.yaml"
 
 @dataclass
 class RunningWorker:
-    engine: Engine
-    service: WorkerService
-    server: grpc.aio.Server
-    address: str
+    """A :class:`WorkerServer` (the production composition root) in this event loop."""
+
+    server: WorkerServer
     worker_id: str
     region: str
 
-    async def stop(self, grace_s: float = 0.0) -> None:
-        await self.server.stop(grace_s)
-        await self.engine.shutdown()
+    @property
+    def engine(self) -> Engine:
+        return self.server.engine
+
+    @property
+    def service(self) -> WorkerService:
+        return self.server.service
+
+    @property
+    def address(self) -> str:
+        return self.server.address
+
+    async def stop(self) -> None:
+        """Shut down as ``python -m services.worker`` does on SIGTERM (drain first)."""
+        await self.server.stop()
+
+    async def die(self) -> None:
+        """Vanish as a killed process does: the gRPC server closes every stream at once,
+        with no drain and no NOT_SERVING first (the engine is shut down afterwards, so no
+        generation is left running in this process)."""
+        await self.server.kill()
 
 
 async def start_worker(
@@ -63,31 +79,52 @@ async def start_worker(
     report_interval_s: float = 0.05,
     host: str = "127.0.0.1",
     port: int = 0,
+    drain_grace_s: float = 0.5,
 ) -> RunningWorker:
-    """A worker listening on ``host:port`` (any loopback address; port 0 picks a free one)."""
-    service = WorkerService(
-        engine=engine, worker_id=worker_id, region=region, report_interval_s=report_interval_s
+    """A worker listening on ``host:port`` (any loopback address; port 0 picks a free one),
+    loaded and SERVING when this returns."""
+    server = WorkerServer(
+        config=WorkerConfig(
+            worker_id=worker_id,
+            region=region,
+            host=host,
+            port=port,
+            report_interval_s=report_interval_s,
+            drain_grace_s=drain_grace_s,
+            stop_grace_s=0.0,
+        ),
+        engine=engine,
     )
-    server = new_server()
-    worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
-    health = Health(["meridian.v1.Worker"])
-    health.add_to(server)
-    port = server.add_insecure_port(f"{host}:{port}")
     await server.start()
-    await engine.start()
-    service.notify_state_change()
-    await health.set_serving(True)
-    return RunningWorker(engine, service, server, f"{host}:{port}", worker_id, region)
+    await server.wait_loaded()
+    return RunningWorker(server, worker_id, region)
 
 
 @dataclass
 class RunningRouter:
-    server: grpc.aio.Server
-    registry: WorkerRegistry
-    discovery: Discovery
-    address: str
-    service: RouterService
-    debug: DebugEndpoint | None = None
+    """A :class:`RouterServer` (the production composition root) in this event loop."""
+
+    server: RouterServer
+
+    @property
+    def fleet(self) -> Fleet:
+        return self.server.fleet
+
+    @property
+    def discovery(self) -> Discovery:
+        return self.server.discovery
+
+    @property
+    def service(self) -> RouterService:
+        return self.server.service
+
+    @property
+    def debug(self) -> DebugEndpoint | None:
+        return self.server.debug
+
+    @property
+    def address(self) -> str:
+        return self.server.address
 
     @property
     def debug_url(self) -> str:
@@ -95,17 +132,14 @@ class RunningRouter:
         return f"http://127.0.0.1:{self.debug.port}"
 
     async def stop(self) -> None:
-        if self.debug is not None:
-            await self.debug.stop()
-        await self.server.stop(0)
-        await self.discovery.stop()
+        await self.server.stop()
 
     async def wait_healthy(self, n: int, timeout_s: float = 10.0) -> None:
-        """Until ``n`` workers are healthy in the router's view."""
+        """Until ``n`` workers are healthy in the router's fleet."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + timeout_s
         while True:
-            healthy = [s for s in self.registry.snapshots(SYSTEM_CLOCK.monotonic()) if s.healthy]
+            healthy = [s for s in self.fleet.snapshots(SYSTEM_CLOCK.monotonic()) if s.healthy]
             if len(healthy) >= n and all(s.rtt_ms is not None for s in healthy):
                 return
             if loop.time() > deadline:
@@ -132,38 +166,31 @@ async def start_router(
     """A router in this event loop. Workers come from ``worker_addresses`` (static), ``dns``
     names (re-resolved every ``dns_interval_s``, through ``resolver`` if given) and
     ``announce_dir``; ``debug`` also starts the debug endpoint."""
-    registry = WorkerRegistry(RegistryConfig(stale_after_s=stale_after_s))
-    discovery = Discovery(
-        registry=registry,
-        clock=SYSTEM_CLOCK,
-        config=DiscoveryConfig(
-            static=tuple(worker_addresses),
-            dns=tuple(dns),
-            dns_interval_s=dns_interval_s,
-            announce_dir=announce_dir,
-            announce_interval_s=announce_interval_s,
-            watch=WatchConfig(
-                report_interval_ms=report_interval_ms, probe_interval_s=probe_interval_s
+    host, _, port = listen.rpartition(":")
+    server = RouterServer(
+        config=RouterConfig(
+            site=site,
+            host=host,
+            port=int(port),
+            fleet=FleetConfig(stale_after_s=stale_after_s),
+            discovery=DiscoveryConfig(
+                static=tuple(worker_addresses),
+                dns=tuple(dns),
+                dns_interval_s=dns_interval_s,
+                announce_dir=announce_dir,
+                announce_interval_s=announce_interval_s,
+                watch=WatchConfig(
+                    report_interval_ms=report_interval_ms, probe_interval_s=probe_interval_s
+                ),
             ),
+            debug=debug,
+            stop_grace_s=0.0,
         ),
+        scheduler=scheduler or load_profile(DEFAULT_PROFILE),
         resolver=resolver,
     )
-    service = RouterService(
-        registry=registry,
-        scheduler=scheduler or load_profile(DEFAULT_PROFILE),
-        clock=SYSTEM_CLOCK,
-        site=site,
-    )
-    server = new_server()
-    router_pb2_grpc.add_RouterServicer_to_server(service, server)
-    port = server.add_insecure_port(listen)
     await server.start()
-    discovery.start()
-    endpoint = None
-    if debug is not None:
-        endpoint = DebugEndpoint(config=debug, service=service, membership=discovery.membership)
-        await endpoint.start()
-    return RunningRouter(server, registry, discovery, f"127.0.0.1:{port}", service, endpoint)
+    return RunningRouter(server)
 
 
 #: The in-process edges' key pepper and admin token (tests only).

@@ -76,7 +76,7 @@ class Regions:
         return [w for w in self.workers.values() if w.region == region]
 
     def view(self) -> dict[str, WorkerSnapshot]:
-        return {s.worker_id: s for s in self.router.registry.snapshots(SYSTEM_CLOCK.monotonic())}
+        return {s.worker_id: s for s in self.router.fleet.snapshots(SYSTEM_CLOCK.monotonic())}
 
     async def stop(self) -> None:
         await self.router.stop()

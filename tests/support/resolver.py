@@ -5,7 +5,7 @@ scaling and failures are tested with the real ``DnsDiscovery`` on top."""
 
 from __future__ import annotations
 
-from services.router.dns import NameNotFound, ResolveError, format_address
+from services.router.discovery.dns import NameNotFound, ResolveError, format_address
 
 
 class TableResolver:

@@ -10,10 +10,10 @@ def test_the_tree_respects_its_import_boundaries() -> None:
 def test_a_service_importing_another_is_reported(tmp_path: Path) -> None:
     (tmp_path / "services" / "edge").mkdir(parents=True)
     (tmp_path / "services" / "edge" / "bad.py").write_text(
-        "from services.router.registry import WorkerRegistry\nimport vllm\n"
+        "from services.router.fleet import WorkerRegistry\nimport vllm\n"
     )
     found = violations(tmp_path)
-    assert any("edge imports services.router.registry" in v for v in found)
+    assert any("edge imports services.router.fleet" in v for v in found)
     assert any("only the vLLM engine modules may import vllm" in v for v in found)
 
 

@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from services.worker.tinymodel import build_tiny_model
-from services.worker.vllm_config import VllmConfig
-from services.worker.vllm_engine import VllmEngine
+from services.worker.vllm.config import VllmConfig
+from services.worker.vllm.engine import VllmEngine
+from services.worker.vllm.tinymodel import build_tiny_model
 
 SERVED_NAME = "tiny-llama"
 

@@ -10,51 +10,39 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import grpc
 import openai
 
-from meridian.v1 import worker_pb2_grpc
-from services.common.grpcutil import Health, new_server
-from services.worker.service import WorkerService
-from services.worker.vllm_engine import VllmEngine
+from services.worker.server import WorkerConfig, WorkerServer
+from services.worker.vllm.engine import VllmEngine
 from tests.support.inproc import RunningEdge, RunningRouter, start_edge, start_router
-
-
-@dataclass
-class ServedEngine:
-    """A worker server in front of an engine it does not own."""
-
-    service: WorkerService
-    server: grpc.aio.Server
-    address: str
-    worker_id: str
-
-    async def stop(self) -> None:
-        await self.server.stop(0)
 
 
 async def serve_engine(
     engine: VllmEngine, *, worker_id: str, region: str, report_interval_s: float = 0.05
-) -> ServedEngine:
-    """Serve an engine that is already READY (health SERVING from the start)."""
-    service = WorkerService(
-        engine=engine, worker_id=worker_id, region=region, report_interval_s=report_interval_s
+) -> WorkerServer:
+    """The production worker server in front of an engine that is already READY and that it
+    does not own (``owns_engine=False``): stopping it never stops the engine."""
+    server = WorkerServer(
+        config=WorkerConfig(
+            worker_id=worker_id,
+            region=region,
+            report_interval_s=report_interval_s,
+            drain_grace_s=1.0,
+            stop_grace_s=0.0,
+        ),
+        engine=engine,
+        owns_engine=False,
     )
-    server = new_server()
-    worker_pb2_grpc.add_WorkerServicer_to_server(service, server)
-    health = Health(["meridian.v1.Worker"])
-    health.add_to(server)
-    port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
-    await health.set_serving(True)
-    return ServedEngine(service, server, f"127.0.0.1:{port}", worker_id)
+    await server.wait_loaded()
+    return server
 
 
 @dataclass
 class VllmStack:
     """Edge → router → one worker on the session's vLLM engine, and an OpenAI SDK client."""
 
-    worker: ServedEngine
+    worker: WorkerServer
     router: RunningRouter
     edge: RunningEdge
     key: str

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from services.common.clock import ManualClock
-from services.worker.load_window import LoadSnapshot, LoadWindow
+from services.worker.vllm.load_window import LoadSnapshot, LoadWindow
 
 
 def test_a_fresh_window_reports_an_idle_engine() -> None:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from services.worker.tinymodel import (
+from services.worker.vllm.tinymodel import (
     MARKER,
     FolderInUse,
     TinyModelSpec,

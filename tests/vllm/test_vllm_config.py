@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 
-from services.worker.vllm_config import VllmConfig
+from services.worker.vllm.config import VllmConfig
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,7 @@ from meridian.v1 import worker_pb2, worker_pb2_grpc
 from services.common.errors import CODE_KEY, PARAM_KEY
 from services.common.grpcutil import insecure_channel
 from services.worker.engine import ChatTurn, EngineOutput, EngineRequest, SamplingOptions
-from services.worker.vllm_engine import VllmEngine
+from services.worker.vllm.engine import VllmEngine
 from tests.support.redis_proc import RedisProcess
 from tests.support.wait import eventually
 from tests.vllm.conftest import SERVED_NAME

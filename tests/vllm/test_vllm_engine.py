@@ -33,7 +33,7 @@ from services.worker.engine import (
     ModelState,
     SamplingOptions,
 )
-from services.worker.vllm_engine import VllmEngine
+from services.worker.vllm.engine import VllmEngine
 from tests.vllm.conftest import SERVED_NAME
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]

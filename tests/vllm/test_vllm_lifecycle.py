@@ -19,8 +19,8 @@ from services.worker.engine import (
     ModelState,
     SamplingOptions,
 )
-from services.worker.vllm_config import VllmConfig
-from services.worker.vllm_engine import VllmEngine
+from services.worker.vllm.config import VllmConfig
+from services.worker.vllm.engine import VllmEngine
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
 

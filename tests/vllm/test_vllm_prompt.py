@@ -1,4 +1,4 @@
-"""Chat messages → prompt token ids (services/worker/vllm_prompt.py) with the tiny model's own
+"""Chat messages → prompt token ids (services/worker/vllm/prompt.py) with the tiny model's own
 tokenizer and chat template: the same ids whether rendered on the loop or in a thread."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from transformers import AutoTokenizer
 
 from services.common.errors import InvalidRequest
 from services.worker.engine import ChatTurn
-from services.worker.vllm_prompt import (
+from services.worker.vllm.prompt import (
     INLINE_RENDER_MAX_CHARS,
     conversation_chars,
     render_prompt,

@@ -8,7 +8,7 @@ import pytest
 
 from services.common.errors import ContextLengthExceeded, InvalidRequest
 from services.worker.engine import ChatTurn, SamplingOptions
-from services.worker.vllm_request import check_messages, check_sampling, completion_budget
+from services.worker.vllm.request import check_messages, check_sampling, completion_budget
 
 
 @pytest.mark.parametrize(

@@ -8,8 +8,8 @@ import pytest
 from vllm.v1.metrics.stats import IterationStats, PrefixCacheStats, SchedulerStats
 
 from services.common.clock import ManualClock
-from services.worker.load_window import LoadSnapshot, LoadWindow
-from services.worker.vllm_stats import window_stat_logger
+from services.worker.vllm.load_window import LoadSnapshot, LoadWindow
+from services.worker.vllm.stats import window_stat_logger
 
 
 def make_window() -> tuple[LoadWindow, ManualClock]:
@@ -60,7 +60,7 @@ def test_a_renamed_vllm_field_degrades_the_report_and_is_logged_once(
     window, _ = make_window()
     logger = window_stat_logger(window)(None, 0)
 
-    with caplog.at_level(logging.WARNING, logger="services.worker.vllm_stats"):
+    with caplog.at_level(logging.WARNING, logger="services.worker.vllm.stats"):
         logger.record(FutureSchedulerStats(), object())
         logger.record(FutureSchedulerStats(), object())
 

@@ -88,7 +88,7 @@ async def site(worker: WorkerProcess, redis_process: RedisProcess) -> AsyncItera
 
 def view(site: Site) -> WorkerSnapshot | None:
     """The router's current view of the worker (None before its first load report)."""
-    for snap in site.router.registry.snapshots(SYSTEM_CLOCK.monotonic()):
+    for snap in site.router.fleet.snapshots(SYSTEM_CLOCK.monotonic()):
         if snap.worker_id == WORKER_ID:
             return snap
     return None

@@ -35,7 +35,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from services.router.scheduling.explain import classify_empty, explain_empty, explain_winner
-from services.router.scheduling.incremental import ClassView, Incremental, Timings
+from services.router.scheduling.incremental import ClassMemo, Incremental, Timings
 from services.router.scheduling.plugin import (
     Candidates,
     Filter,
@@ -79,7 +79,39 @@ class WeightedScorer:
 _EXPLAIN = "explain"  # timing bucket: contributions, details and the explanation line
 
 
-class Scheduler:
+@dataclass(frozen=True, slots=True)
+class _Kept:
+    """The filter step's result: survivors, their positions in the memo, their memoised
+    score sums, and every rejection so far."""
+
+    workers: Sequence[WorkerSnapshot]
+    positions: Sequence[int]
+    base: Sequence[float]
+    rejected: tuple[Rejection, ...]
+
+    def keeping(self, survivors: Sequence[WorkerSnapshot], removed: tuple[Rejection, ...]) -> _Kept:
+        alive = set(map(id, survivors))
+        keep = list(map(alive.__contains__, map(id, self.workers)))
+        return _Kept(
+            list(compress(self.workers, keep)),
+            list(compress(self.positions, keep)),
+            list(compress(self.base, keep)),
+            self.rejected + removed,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class _Scores:
+    """The score step's result: candidates and their weighted totals."""
+
+    candidates: Candidates
+    totals: list[float]
+    plain: list[Mapping[str, float]]  # each plain scorer's raw scores, for contributions
+    boosted: list[int]  # candidates a sparse plain scorer scored
+    whole: bool  # no plain filter removed anyone: the memo's indices and shortlist hold
+
+
+class SchedulerProfile:
     """One profile, ready to decide: ``schedule(query, workers) -> Decision``."""
 
     def __init__(
@@ -139,35 +171,51 @@ class Scheduler:
         self._plugin_types = (*(p.TYPE for p in plugins), _EXPLAIN)
 
     def schedule(self, query: RouteQuery, workers: Sequence[WorkerSnapshot]) -> Decision:
-        """Rank the workers for this query. Pure, apart from the incremental view and the
-        state of post-pick plugins (affinity)."""
+        """Rank the workers for this query: filter → score → pick → explain, as the module
+        docstring's formula reads. Pure, apart from the memo and the state of post-pick
+        plugins (affinity)."""
         started = perf_counter_ns()
         ns: Timings = dict.fromkeys(self._plugin_types, 0)
-        view = self._incremental.view(query, workers, ns)
-        kept: Sequence[WorkerSnapshot] = view.candidates
-        positions: Sequence[int] = view.positions
-        base: Sequence[float] = view.totals
-        rejected: tuple[Rejection, ...] = view.rejected
+        memo = self._incremental.view(query, workers, ns)
+        kept = self._filter(query, memo, ns)
+        if not kept.workers:
+            return self._empty(query, workers, memo, kept.rejected, ns, started)
+        scores = self._score(query, memo, kept, ns)
+        order = self._pick(query, memo, scores, ns)
+        decision = self._explain(query, order, memo, kept, scores, ns)
+        for type_name, hook in self._hooks:
+            t0 = perf_counter_ns()
+            hook.observe(query, decision)
+            ns[type_name] += perf_counter_ns() - t0
+        self._finish_timings(decision.plugin_timings_us, ns, started)
+        return decision
+
+    def _filter(self, query: RouteQuery, memo: ClassMemo, ns: Timings) -> _Kept:
+        """The memo's survivors (memoised filters ran in ``view``), then the plain filters
+        over those survivors, in profile order."""
+        kept = _Kept(memo.candidates, memo.positions, memo.totals, memo.rejected)
         for f in self._plain_filters:
-            if not kept:
+            if not kept.workers:
                 break
             t0 = perf_counter_ns()
-            survivors, removed = f.filter(query, kept)
+            survivors, removed = f.filter(query, kept.workers)
             ns[f.TYPE] += perf_counter_ns() - t0
-            if not removed and len(survivors) == len(kept):
-                continue
-            rejected += tuple(removed)
-            alive = set(map(id, survivors))
-            keep = list(map(alive.__contains__, map(id, kept)))
-            kept = list(compress(kept, keep))
-            positions = list(compress(positions, keep))
-            base = list(compress(base, keep))
-        if not kept:
-            return self._empty(query, workers, view, rejected, ns, started)
+            if removed or len(survivors) != len(kept.workers):
+                kept = kept.keeping(survivors, tuple(removed))
+        return kept
 
-        whole = kept is view.candidates  # no plain filter removed anyone: view indices hold
-        candidates = Candidates(kept, view.find, view.nearest_rtt_ms) if whole else Candidates(kept)
-        totals = list(base)  # the view's copy stays untouched; sparse scorers add to this one
+    def _score(self, query: RouteQuery, memo: ClassMemo, kept: _Kept, ns: Timings) -> _Scores:
+        """Weighted totals: the memo's memoised-scorer sums plus each plain scorer's
+        ``clamp(score) · w / Σw``."""
+        # While no plain filter removed anyone, the memo's indices still hold: scorers and
+        # the picker may use its lookups and shortlist.
+        whole = kept.workers is memo.candidates
+        candidates = (
+            Candidates(kept.workers, memo.find, memo.nearest_rtt_ms)
+            if whole
+            else Candidates(kept.workers)
+        )
+        totals = list(kept.base)  # the memo's copy stays untouched; sparse scorers add here
         plain_scores: list[Mapping[str, float]] = []
         boosted: list[int] = []
         for scorer, share in self._plain_scorers:
@@ -180,34 +228,48 @@ class Scheduler:
                 if i is not None:
                     totals[i] += clamp(value) * share
                     boosted.append(i)
+        return _Scores(candidates, totals, plain_scores, boosted, whole)
+
+    def _pick(
+        self, query: RouteQuery, memo: ClassMemo, scores: _Scores, ns: Timings
+    ) -> Sequence[int]:
+        """The picker's ranked indices, checked (each once, each in range)."""
 
         def hint() -> tuple[Collection[int], int] | None:
-            found = view.shortlist()
-            if found is None or not boosted:
+            found = memo.shortlist()
+            if found is None or not scores.boosted:
                 return found
-            return found[0].union(boosted), found[1]  # a boost may lift anyone into the top
+            return found[0].union(scores.boosted), found[1]  # a boost may lift anyone to the top
 
         t0 = perf_counter_ns()
-        scored = Scored(candidates, totals, self._rng, hint if whole else None)
+        scored = Scored(scores.candidates, scores.totals, self._rng, hint if scores.whole else None)
         order = self.picker.pick(query, scored)
         ns[self.picker.TYPE] += perf_counter_ns() - t0
-        n = len(candidates)
+        n = len(scores.candidates)
         if len(set(order)) != len(order) or not all(0 <= i < n for i in order):
             raise RuntimeError(f"picker '{self.picker.TYPE}' returned invalid indices {order}")
+        return order
 
+    def _explain(
+        self,
+        query: RouteQuery,
+        order: Sequence[int],
+        memo: ClassMemo,
+        kept: _Kept,
+        scores: _Scores,
+        ns: Timings,
+    ) -> Decision:
+        """The decision: ranked workers with per-signal contributions and a one-line
+        explanation (timed as ``explain``)."""
         t0 = perf_counter_ns()
-        ranked = self._ranked(query, order, candidates, positions, totals, view, plain_scores)
-        explanation = explain_winner(ranked, len(candidates), len(rejected))
-        ns[_EXPLAIN] += perf_counter_ns() - t0
-        decision = Decision(
-            ranked=ranked, rejected=rejected, explanation=explanation, plugin_timings_us={}
+        ranked = self._ranked(
+            query, order, scores.candidates, kept.positions, scores.totals, memo, scores.plain
         )
-        for type_name, hook in self._hooks:
-            t0 = perf_counter_ns()
-            hook.observe(query, decision)
-            ns[type_name] += perf_counter_ns() - t0
-        self._finish_timings(decision.plugin_timings_us, ns, started)
-        return decision
+        explanation = explain_winner(ranked, len(scores.candidates), len(kept.rejected))
+        ns[_EXPLAIN] += perf_counter_ns() - t0
+        return Decision(
+            ranked=ranked, rejected=kept.rejected, explanation=explanation, plugin_timings_us={}
+        )
 
     def _ranked(
         self,
@@ -216,7 +278,7 @@ class Scheduler:
         candidates: Candidates,
         positions: Sequence[int],
         totals: Sequence[float],
-        view: ClassView,
+        view: ClassMemo,
         plain_scores: list[Mapping[str, float]],
     ) -> tuple[ScoredWorker, ...]:
         """The ranked workers with their contributions, in profile order.
@@ -264,7 +326,7 @@ class Scheduler:
         self,
         query: RouteQuery,
         workers: Sequence[WorkerSnapshot],
-        view: ClassView,
+        view: ClassMemo,
         rejected: tuple[Rejection, ...],
         ns: Timings,
         started: int,

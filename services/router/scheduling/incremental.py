@@ -2,14 +2,14 @@
 "1,000 workers in CPython".
 
 Running 8 filters and 8 scorers over 1,000 workers is 16,000 Python-level evaluations per
-decision (milliseconds). But snapshots are immutable, and the registry hands in the same list
+decision (milliseconds). But snapshots are immutable, and the fleet hands in the same list
 of workers, in the same order, with the same snapshot *objects* for every worker whose state
 did not change since the last decision (typically only the worker picked last time, whose
 in-flight count went up, plus those that sent a load report or answered a probe).
 
 So, for each *query class* — the tuple of query keys the :class:`WorkerFilter`\\ s and
 :class:`WorkerScorer`\\ s depend on (model, priority tier, allowed regions...) — a
-:class:`ClassView` keeps arrays aligned with the last worker list: each worker's verdict, each
+:class:`ClassMemo` keeps arrays aligned with the last worker list: each worker's verdict, each
 scorer's raw score, the weighted sum, and the compacted candidate list and totals the picker
 needs. A decision then costs:
 
@@ -69,7 +69,7 @@ _MAX_SHORTLIST = 4 * _SHORTLIST  # or when climbers have made it this long
 Timings = dict[str, int]
 
 
-class ClassView:
+class ClassMemo:
     """What the memoised plugins concluded about the current worker list, for one query class.
 
     Indexed by input position: ``workers``, ``verdicts`` (``None`` = kept), ``raw[k]`` (scorer
@@ -207,12 +207,12 @@ class Incremental:
         self._filters = tuple(filters)
         self._scorers = tuple(scorers)  # (scorer, weight / Σ weights)
         self._max_classes = max_classes
-        self._views: OrderedDict[tuple[Hashable, ...], ClassView] = OrderedDict()
+        self._views: OrderedDict[tuple[Hashable, ...], ClassMemo] = OrderedDict()
 
-    def scorer_keys(self, view: ClassView) -> tuple[Hashable, ...]:
+    def scorer_keys(self, view: ClassMemo) -> tuple[Hashable, ...]:
         return view.keys[len(self._filters) :]
 
-    def view(self, query: RouteQuery, workers: Sequence[WorkerSnapshot], ns: Timings) -> ClassView:
+    def view(self, query: RouteQuery, workers: Sequence[WorkerSnapshot], ns: Timings) -> ClassMemo:
         keys = tuple(
             [f.key(query) for f in self._filters] + [s.key(query) for s, _ in self._scorers]
         )
@@ -220,7 +220,7 @@ class Incremental:
         view = views.get(keys)
         n = len(workers)
         if view is None or len(view.workers) != n:
-            view = ClassView(keys)
+            view = ClassMemo(keys)
             views[keys] = view
             if len(views) > self._max_classes:
                 views.popitem(last=False)
@@ -237,7 +237,7 @@ class Incremental:
     # --- evaluation ---------------------------------------------------------------------
 
     def _evaluate(
-        self, view: ClassView, batch: list[WorkerSnapshot], ns: Timings
+        self, view: ClassMemo, batch: list[WorkerSnapshot], ns: Timings
     ) -> tuple[list[Rejection | None], list[list[float]], list[float]]:
         """Verdicts, raw scores and weighted sums for a batch (one call per plugin).
 
@@ -284,7 +284,7 @@ class Incremental:
             raw.append(values)
         return verdicts, raw, sums
 
-    def _rebuild(self, view: ClassView, workers: list[WorkerSnapshot], ns: Timings) -> None:
+    def _rebuild(self, view: ClassMemo, workers: list[WorkerSnapshot], ns: Timings) -> None:
         verdicts, raw, static = self._evaluate(view, workers, ns)
         view.workers = workers
         view.verdicts = verdicts
@@ -297,7 +297,7 @@ class Incremental:
         view.rejected = tuple(compress(verdicts, map(_IS_NOT, verdicts, repeat(None))))  # type: ignore[arg-type]
 
     @staticmethod
-    def _compact(view: ClassView) -> None:
+    def _compact(view: ClassMemo) -> None:
         keep = list(map(_IS, view.verdicts, repeat(None)))
         view.positions = list(compress(range(len(keep)), keep))
         view.candidates = list(compress(view.workers, keep))
@@ -309,7 +309,7 @@ class Incremental:
 
     def _patch(
         self,
-        view: ClassView,
+        view: ClassMemo,
         workers: Sequence[WorkerSnapshot],
         changed: list[int],
         ns: Timings,

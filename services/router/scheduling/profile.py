@@ -1,4 +1,4 @@
-"""Scheduling profiles as data: YAML → validated → :class:`Scheduler`.
+"""Scheduling profiles as data: YAML → validated → :class:`SchedulerProfile`.
 
     profiles:
       default:
@@ -36,9 +36,16 @@ from typing import Any
 import yaml
 
 from services.common.clock import SYSTEM_CLOCK, Clock
-from services.router.scheduling.framework import Scheduler, WeightedScorer
+from services.router.scheduling.framework import SchedulerProfile, WeightedScorer
 from services.router.scheduling.params import ParamError, Params
-from services.router.scheduling.plugin import Filter, Picker, Plugin, PluginContext, Scorer
+from services.router.scheduling.plugin import (
+    Filter,
+    Picker,
+    Plugin,
+    PluginContext,
+    Scorer,
+    WorkerFilter,
+)
 from services.router.scheduling.registry import (
     PluginKind,
     PluginRegistry,
@@ -77,7 +84,7 @@ def load_profiles(
     clock: Clock = SYSTEM_CLOCK,
     rng: random.Random | None = None,
     registry: PluginRegistry | None = None,
-) -> dict[str, Scheduler]:
+) -> dict[str, SchedulerProfile]:
     """Every profile of a document (a YAML file path, or the parsed mapping), validated."""
     label, document = _read(source)
     builder = _Builder(registry or default_registry(), PluginContext(clock=clock), rng)
@@ -94,7 +101,7 @@ def load_profile(
     clock: Clock = SYSTEM_CLOCK,
     rng: random.Random | None = None,
     registry: PluginRegistry | None = None,
-) -> Scheduler:
+) -> SchedulerProfile:
     """One profile: ``name``, or the only one, or the one called ``default``.
 
     The whole document is validated either way, so a broken sibling profile fails fast too.
@@ -150,7 +157,7 @@ class _Builder:
             if key not in known:
                 self.problem(where, f"unknown key {key!r} (expected: {', '.join(known)})")
 
-    def document(self, doc: object) -> dict[str, Scheduler]:
+    def document(self, doc: object) -> dict[str, SchedulerProfile]:
         if not isinstance(doc, Mapping):
             self.problem("(document)", "must be a mapping with a 'profiles' key")
             return {}
@@ -159,7 +166,7 @@ class _Builder:
         if not isinstance(profiles, Mapping) or not profiles:
             self.problem("profiles", "must be a non-empty mapping of profile name → profile")
             return {}
-        out: dict[str, Scheduler] = {}
+        out: dict[str, SchedulerProfile] = {}
         for name, body in profiles.items():
             if not isinstance(name, str) or not _NAME.match(name):
                 self.problem(f"profiles[{name}]", "name must be letters, digits, '_', '.', '-'")
@@ -169,7 +176,7 @@ class _Builder:
                 out[name] = scheduler
         return out
 
-    def profile(self, name: str, body: object) -> Scheduler | None:
+    def profile(self, name: str, body: object) -> SchedulerProfile | None:
         where = f"profiles[{name}]"
         if not isinstance(body, Mapping):
             self.problem(where, "must be a mapping")
@@ -182,6 +189,7 @@ class _Builder:
             for i, raw in enumerate(self.plugin_list(where, body, "filters", required=True))
             if isinstance(f := self.plugin(f"{where}.filters[{i}]", raw, "filter", seen), Filter)
         ]
+        self.memoised_first(where, body, filters)
         present = {f.TYPE for f in filters}
         for required in REQUIRED_FILTERS:
             if required not in present and required not in seen:
@@ -210,7 +218,7 @@ class _Builder:
             self.problem(f"{where}.unavailable_retry_after_s", "must be a number >= 0")
         if len(self.problems) > before or not isinstance(picker, Picker):
             return None
-        return Scheduler(
+        return SchedulerProfile(
             name=name,
             filters=filters,
             scorers=scorers,
@@ -218,6 +226,24 @@ class _Builder:
             rng=self.rng,
             unavailable_retry_after_s=float(retry),
         )
+
+    def memoised_first(self, where: str, body: Mapping[str, Any], filters: list[Filter]) -> None:
+        """Memoised filters (``WorkerFilter``) always run before plain ones: the framework
+        evaluates them in the memo, then the plain ones over the survivors. A profile that
+        lists them the other way round would misstate the order rejections are named in, so
+        it is refused where it says so."""
+        listed = [raw.get("type") for raw in body.get("filters") or [] if isinstance(raw, Mapping)]
+        plain_at: str | None = None
+        for f in filters:
+            at = listed.index(f.TYPE) if f.TYPE in listed else -1
+            if not isinstance(f, WorkerFilter):
+                plain_at = plain_at or f"filters[{at}] ('{f.TYPE}')"
+            elif plain_at is not None:
+                self.problem(
+                    f"{where}.filters[{at}]",
+                    f"memoised filter '{f.TYPE}' must be listed before the plain filter at "
+                    f"{plain_at}: memoised filters always run first",
+                )
 
     def plugin_list(
         self, where: str, body: Mapping[str, Any], key: str, *, required: bool

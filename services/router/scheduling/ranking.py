@@ -2,7 +2,7 @@
 
 The rule (GIE's ``max_score_picker``): shuffle the candidates, then stable-sort by score,
 descending, and take the first ``k``. Equal workers therefore share the next burst instead of
-the first one in registry order taking all of it.
+the first one in fleet order taking all of it.
 
 Shuffling and sorting 1,000 candidates on every decision costs more than the rest of the
 decision, so :func:`top_k` computes the same result from a small *shortlist*: a set of

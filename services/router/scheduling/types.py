@@ -2,7 +2,7 @@
 each worker at decision time (``WorkerSnapshot``), and the outcome (``Decision``).
 
 These are plain frozen dataclasses so that plugins are pure functions of their inputs and tests
-are tables of inline worker states. The router's live registry builds snapshots from load
+are tables of inline worker states. The router's fleet builds snapshots from load
 reports and probes; the scheduler never touches sockets.
 """
 

@@ -15,13 +15,13 @@ import pytest
 
 from services.common import runtime
 from services.common.clock import SYSTEM_CLOCK
-from services.router.announce import (
+from services.router.discovery.announce import (
     AnnounceDirDiscovery,
     AnnouncementError,
     parse_announcement,
     scan_directory,
 )
-from services.router.dns import (
+from services.router.discovery.dns import (
     DnsDiscovery,
     DnsTarget,
     NameNotFound,
@@ -29,16 +29,16 @@ from services.router.dns import (
     SystemResolver,
     format_address,
 )
-from services.router.membership import Membership
-from services.router.registry import WorkerRegistry
+from services.router.discovery.membership import Membership
+from services.router.fleet import Fleet
 from tests.support.resolver import TableResolver
 
 
 @pytest.fixture
-async def membership() -> AsyncIterator[tuple[Membership, WorkerRegistry]]:
-    registry = WorkerRegistry()
-    m = Membership(registry=registry, clock=SYSTEM_CLOCK)
-    yield m, registry
+async def membership() -> AsyncIterator[tuple[Membership, Fleet]]:
+    fleet = Fleet()
+    m = Membership(fleet=fleet, clock=SYSTEM_CLOCK)
+    yield m, fleet
     await m.stop()
 
 
@@ -83,21 +83,21 @@ async def test_the_system_resolver_says_when_a_name_does_not_exist() -> None:
 
 
 async def test_a_name_adds_every_address_it_resolves_to(
-    membership: tuple[Membership, WorkerRegistry],
+    membership: tuple[Membership, Fleet],
 ) -> None:
-    m, registry = membership
+    m, fleet = membership
     resolver = TableResolver()
     resolver.table["workers"] = ["127.0.0.1", "127.0.0.2"]
     dns = DnsDiscovery(targets=[DnsTarget("workers", 1)], membership=m, resolver=resolver)
     await dns.refresh()
     assert m.addresses() == {"127.0.0.1:1", "127.0.0.2:1"}
-    assert sorted(registry.addresses()) == ["127.0.0.1:1", "127.0.0.2:1"]
+    assert sorted(fleet.addresses()) == ["127.0.0.1:1", "127.0.0.2:1"]
 
 
 async def test_re_resolution_follows_scaling_up_and_down(
-    membership: tuple[Membership, WorkerRegistry],
+    membership: tuple[Membership, Fleet],
 ) -> None:
-    m, _registry = membership
+    m, _fleet = membership
     resolver = TableResolver()
     resolver.table["workers"] = ["127.0.0.1"]
     dns = DnsDiscovery(targets=[DnsTarget("workers", 1)], membership=m, resolver=resolver)
@@ -118,7 +118,7 @@ async def test_re_resolution_follows_scaling_up_and_down(
     ],
 )
 async def test_resolution_failures_keep_or_drop_the_last_answer(
-    membership: tuple[Membership, WorkerRegistry], failure: ResolveError, kept: set[str]
+    membership: tuple[Membership, Fleet], failure: ResolveError, kept: set[str]
 ) -> None:
     m, _ = membership
     resolver = TableResolver()
@@ -131,7 +131,7 @@ async def test_resolution_failures_keep_or_drop_the_last_answer(
 
 
 async def test_the_background_task_re_resolves_periodically(
-    membership: tuple[Membership, WorkerRegistry],
+    membership: tuple[Membership, Fleet],
 ) -> None:
     from tests.support.wait import eventually
 
@@ -152,8 +152,8 @@ async def test_the_background_task_re_resolves_periodically(
 
 
 def test_dns_discovery_refuses_a_non_positive_interval() -> None:
-    registry = WorkerRegistry()
-    m = Membership(registry=registry, clock=SYSTEM_CLOCK)
+    fleet = Fleet()
+    m = Membership(fleet=fleet, clock=SYSTEM_CLOCK)
     with pytest.raises(ValueError, match="interval_s"):
         DnsDiscovery(targets=[], membership=m, interval_s=0)
 
@@ -162,9 +162,9 @@ def test_dns_discovery_refuses_a_non_positive_interval() -> None:
 
 
 async def test_an_address_stays_watched_while_any_source_lists_it(
-    membership: tuple[Membership, WorkerRegistry],
+    membership: tuple[Membership, Fleet],
 ) -> None:
-    m, _registry = membership
+    m, _fleet = membership
     m.update("static", ["127.0.0.1:1"])
     m.update("dns:workers:1", ["127.0.0.1:1", "127.0.0.2:1"])
     m.update("dns:workers:1", [])
@@ -230,7 +230,7 @@ def test_a_missing_directory_scans_as_empty(tmp_path: Path) -> None:
 
 
 async def test_files_appearing_and_disappearing_change_membership(
-    tmp_path: Path, membership: tuple[Membership, WorkerRegistry]
+    tmp_path: Path, membership: tuple[Membership, Fleet]
 ) -> None:
     m, _ = membership
     announce = AnnounceDirDiscovery(directory=tmp_path, membership=m)
@@ -255,7 +255,7 @@ def test_an_unreadable_directory_is_an_error_not_an_empty_list(tmp_path: Path) -
 
 
 async def test_an_unreadable_directory_keeps_the_last_membership(
-    tmp_path: Path, membership: tuple[Membership, WorkerRegistry]
+    tmp_path: Path, membership: tuple[Membership, Fleet]
 ) -> None:
     m, _ = membership
     directory = tmp_path / "workers"

@@ -9,15 +9,16 @@ import pytest
 from multidict import MultiDict
 
 from meridian.v1 import router_pb2
-from services.router.debug import BadParam, DebugConfig, route_request_from_query
-from services.router.dns import DnsTarget
+from services.router.debug import DebugConfig
+from services.router.debug.endpoint import BadParam, route_request_from_query
+from services.router.discovery.dns import DnsTarget
 from services.router.main import (
     TOKEN_ENV,
     build_parser,
     check_sources,
     debug_config,
-    discovery_config,
     main,
+    router_config,
 )
 
 TOKEN = "s3cret-token-0123456789"
@@ -41,7 +42,7 @@ def test_every_discovery_source_reaches_the_config(tmp_path: Path) -> None:
         ]
     )
     assert check_sources(args) is None
-    cfg = discovery_config(args)
+    cfg = router_config(args, None).discovery
     assert cfg.static == ("127.0.0.1:7001",)
     assert cfg.dns == (DnsTarget("workers.kr.svc.cluster.local", 7000),)
     assert (cfg.dns_interval_s, cfg.announce_interval_s) == (2.0, 0.5)

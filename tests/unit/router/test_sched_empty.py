@@ -14,7 +14,7 @@ from services.router.scheduling.filters.exclude import ExcludeFilter
 from services.router.scheduling.filters.healthy import HealthyFilter
 from services.router.scheduling.filters.model import ModelReadyFilter
 from services.router.scheduling.filters.residency import ResidencyFilter
-from services.router.scheduling.framework import Scheduler, WeightedScorer
+from services.router.scheduling.framework import SchedulerProfile, WeightedScorer
 from services.router.scheduling.pickers.max_score import MaxScorePicker
 from services.router.scheduling.plugin import Filter
 from services.router.scheduling.scorers.kv_cache import KvCacheScorer
@@ -42,9 +42,9 @@ def q(**kw: Any) -> RouteQuery:
 
 def scheduler(
     *scorers: WeightedScorer, filters: Sequence[Filter] = (), k: int = 3, seed: int = 1
-) -> Scheduler:
+) -> SchedulerProfile:
     base: list[Filter] = [ResidencyFilter(), ModelReadyFilter(), HealthyFilter()]
-    return Scheduler(
+    return SchedulerProfile(
         filters=[*base, *filters],
         scorers=scorers,
         picker=MaxScorePicker(max_candidates=k),

@@ -116,7 +116,7 @@ def test_residency_reason_names_the_region_and_the_allowed_set() -> None:
         ),
     ],
 )
-def test_healthy_rejects_workers_the_registry_marked_down(
+def test_healthy_rejects_workers_the_fleet_marked_down(
     rows: list[WorkerSnapshot], kept: list[str], reasons: dict[str, str]
 ) -> None:
     assert run(HealthyFilter(), q(), rows) == (kept, reasons)

@@ -16,7 +16,7 @@ from services.router.scheduling.filters.exclude import ExcludeFilter
 from services.router.scheduling.filters.healthy import HealthyFilter
 from services.router.scheduling.filters.model import ModelReadyFilter
 from services.router.scheduling.filters.residency import ResidencyFilter
-from services.router.scheduling.framework import Scheduler, WeightedScorer, clamp
+from services.router.scheduling.framework import SchedulerProfile, WeightedScorer, clamp
 from services.router.scheduling.params import Params
 from services.router.scheduling.pickers.max_score import MaxScorePicker
 from services.router.scheduling.plugin import (
@@ -80,9 +80,9 @@ class RecordingScorer(Scorer, PostPick):
 
 def scheduler(
     *scorers: WeightedScorer, filters: Sequence[Filter] = (), k: int = 3, seed: int = 1
-) -> Scheduler:
+) -> SchedulerProfile:
     base: list[Filter] = [ResidencyFilter(), ModelReadyFilter(), HealthyFilter()]
-    return Scheduler(
+    return SchedulerProfile(
         filters=[*base, *filters],
         scorers=scorers,
         picker=MaxScorePicker(max_candidates=k),
@@ -332,9 +332,9 @@ class ShortFilter(WorkerFilter[None]):
 
 
 def test_plugins_that_break_the_contract_fail_loudly() -> None:
-    s = Scheduler(filters=[], scorers=[], picker=RepeatingPicker())
+    s = SchedulerProfile(filters=[], scorers=[], picker=RepeatingPicker())
     with pytest.raises(RuntimeError, match="picker 'repeating' returned invalid indices"):
         s.schedule(q(), [w("a"), w("b")])
-    s = Scheduler(filters=[ShortFilter()], scorers=[], picker=MaxScorePicker())
+    s = SchedulerProfile(filters=[ShortFilter()], scorers=[], picker=MaxScorePicker())
     with pytest.raises(RuntimeError, match="plugin 'short' answered 1 times for 2 workers"):
         s.schedule(q(), [w("a"), w("b")])

@@ -17,7 +17,7 @@ from services.common.clock import ManualClock
 from services.router.scheduling.filters.healthy import HealthyFilter
 from services.router.scheduling.filters.model import ModelReadyFilter
 from services.router.scheduling.filters.residency import ResidencyFilter
-from services.router.scheduling.framework import Scheduler, WeightedScorer
+from services.router.scheduling.framework import SchedulerProfile, WeightedScorer
 from services.router.scheduling.incremental import Incremental
 from services.router.scheduling.params import Params
 from services.router.scheduling.pickers.max_score import MaxScorePicker
@@ -74,9 +74,9 @@ class RecordingFilter(WorkerFilter[str]):
 
 def scheduler(
     *scorers: WeightedScorer, filters: Sequence[Filter] = (), k: int = 3, seed: int = 1
-) -> Scheduler:
+) -> SchedulerProfile:
     base: list[Filter] = [ResidencyFilter(), ModelReadyFilter(), HealthyFilter()]
-    return Scheduler(
+    return SchedulerProfile(
         filters=[*base, *filters],
         scorers=scorers,
         picker=MaxScorePicker(max_candidates=k),

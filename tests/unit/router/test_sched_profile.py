@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from services.router.scheduling.framework import Scheduler
+from services.router.scheduling.framework import SchedulerProfile
 from services.router.scheduling.profile import ProfileError, load_profile, load_profiles
 from services.router.scheduling.registry import BUILTIN_PLUGINS, PluginRegistry, default_registry
 
@@ -51,7 +51,7 @@ def problems(doc: Any) -> tuple[str, ...]:
 @pytest.mark.parametrize("name", ["default", "round-robin", "nearest-region", "least-loaded"])
 def test_shipped_profiles_load(name: str) -> None:
     scheduler = load_profile(PROFILES / f"{name}.yaml")
-    assert isinstance(scheduler, Scheduler)
+    assert isinstance(scheduler, SchedulerProfile)
     assert scheduler.name == name
 
 
@@ -160,6 +160,15 @@ PROBLEMS: list[tuple[str, Any, str]] = [
         "profiles[default].filters: must be a list",
     ),
     ("no profiles", {"profiles": {}}, "profiles: must be a non-empty mapping"),
+    (
+        "memoised filter after a plain one",
+        edited(
+            ["profiles", "default", "filters"],
+            [{"type": "residency"}, {"type": "exclude"}, {"type": "model-ready"}],
+        ),
+        "profiles[default].filters[2]: memoised filter 'model-ready' must be listed before "
+        "the plain filter at filters[1] ('exclude')",
+    ),
     (
         "bad retry hint",
         edited(["profiles", "default", "unavailable_retry_after_s"], -1),

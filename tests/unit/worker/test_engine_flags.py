@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from services.worker.engines import EngineConfigError, build_engine
+from services.worker.engine import EngineConfigError
+from services.worker.engine_factory import build_engine
 from services.worker.main import build_parser, main
 
 BASE = ["--worker-id", "w1", "--region", "kr", "--engine", "vllm"]

@@ -2,10 +2,10 @@
 
 Intent: a worker that accepts requests and then fails them (a broken GPU, an engine in a
 crash loop) looks healthy to probes and load reports. After ``max_failures`` failed attempts
-in the registry's failure window it is ejected; it comes back by itself once old failures
+in the fleet's failure window it is ejected; it comes back by itself once old failures
 leave that window (Envoy's outlier detection, with the window as the ejection time).
 
-Input: ``worker.recent_failures`` (failed outcomes the edge reported within the registry's
+Input: ``worker.recent_failures`` (failed outcomes the edge reported within the fleet's
 window). Parameters: ``max_failures`` (integer ≥ 1, default 3). Memoised.
 """
 

@@ -1,6 +1,6 @@
-"""``healthy``: the registry considers the worker up.
+"""``healthy``: the fleet considers the worker up.
 
-Intent: a worker whose load stream broke, or that the registry marked down for any other
+Intent: a worker whose load stream broke, or that the fleet marked down for any other
 reason, must not receive requests. Input: ``worker.healthy``, ``worker.health_detail`` (the
 reason, quoted in the rejection). Parameters: none. Memoised.
 """

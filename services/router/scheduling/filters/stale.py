@@ -2,7 +2,7 @@
 
 Intent: every capacity signal comes from load reports; a worker that stopped reporting (a
 partition, a hung process) may be fine or dead, and its numbers describe the past. Past
-``max_age_s`` it is treated as unhealthy. This is a backstop: the registry already marks a
+``max_age_s`` it is treated as unhealthy. This is a backstop: the fleet already marks a
 silent worker down (its own ``stale_after_s``); a profile can be stricter.
 
 Input: ``worker.report_age_s`` (age when the snapshot was built). Parameters: ``max_age_s``

@@ -3,7 +3,7 @@
 Intent: the primary is the best worker now; the next ones are the edge's fallbacks if the
 primary fails before the first token. Equal totals are ordered at random (``ranking.top_k``:
 shuffle, then stable sort) so identical workers share a burst instead of the first one in
-registry order taking all of it.
+fleet order taking all of it.
 
 Input: the weighted totals (and the framework's shortlist of the best, when it has one).
 Parameters: ``max_candidates`` (≥ 1, default 3).

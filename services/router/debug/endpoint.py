@@ -36,15 +36,15 @@ from meridian.v1 import router_pb2
 from services.common.errors import InvalidRequest, MeridianError
 from services.common.logs import event
 from services.common.startup import start_site
-from services.router.membership import Membership
-from services.router.service import RouterService, error_for, query_from_pb
-from services.router.views import (
+from services.router.debug.payloads import (
     counters_json,
     decision_json,
     journal_entry_json,
     timings_json,
     worker_json,
 )
+from services.router.discovery.membership import Membership
+from services.router.service import RouterService, error_for, query_from_pb
 
 log = logging.getLogger("meridian.router.debug")
 
@@ -224,15 +224,15 @@ class DebugEndpoint:
 
     async def _view(self, request: web.Request) -> web.Response:
         svc = self._service
-        registry = svc.registry
+        fleet = svc.fleet
         snaps = sorted(
-            registry.snapshots(svc.clock.monotonic()), key=lambda s: (s.region, s.worker_id)
+            fleet.snapshots(svc.clock.monotonic()), key=lambda s: (s.region, s.worker_id)
         )
         body: dict[str, Any] = {
             "router_site": svc.site,
             "profile": svc.profile,
             "generated_unix_ms": int(time.time() * 1000),
-            "workers": [worker_json(s, registry.last_report(s.worker_id)) for s in snaps],
+            "workers": [worker_json(s, fleet.last_report(s.worker_id)) for s in snaps],
             "decisions": counters_json(svc.journal),
             "plugin_timings_us": timings_json(svc.timings.summary()),
         }

@@ -17,7 +17,7 @@ folder that holds anything else that is not ours is refused rather than overwrit
 is written to a temporary sibling and renamed into place, so concurrent builders (several
 workers of one local stack) never see half a model.
 
-CLI: ``python -m services.worker.tinymodel OUT_DIR [--seed N]`` prints the folder.
+CLI: ``python -m services.worker.vllm.tinymodel OUT_DIR [--seed N]`` prints the folder.
 """
 
 from __future__ import annotations
@@ -213,7 +213,7 @@ def _train_tokenizer(vocab_size: int):  # type: ignore[no-untyped-def]  # tokeni
 
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m services.worker.tinymodel",
+        prog="python -m services.worker.vllm.tinymodel",
         description="Write a tiny random-weight Llama (for vLLM on CPU) to OUT_DIR.",
     )
     parser.add_argument("out_dir", type=Path, help="folder to write (created if missing)")

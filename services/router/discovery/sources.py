@@ -18,10 +18,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from services.common.clock import Clock
-from services.router.announce import AnnounceDirDiscovery
-from services.router.dns import DnsDiscovery, DnsTarget, Resolver
-from services.router.membership import Membership
-from services.router.registry import WorkerRegistry
+from services.router.discovery.announce import AnnounceDirDiscovery
+from services.router.discovery.dns import DnsDiscovery, DnsTarget, Resolver
+from services.router.discovery.membership import Membership
+from services.router.fleet import Fleet
 from services.router.watcher import WatchConfig
 
 STATIC_SOURCE = "static"
@@ -51,13 +51,13 @@ class Discovery:
     def __init__(
         self,
         *,
-        registry: WorkerRegistry,
+        fleet: Fleet,
         clock: Clock,
         config: DiscoveryConfig,
         resolver: Resolver | None = None,
     ) -> None:
         self.config = config
-        self.membership = Membership(registry=registry, clock=clock, watch=config.watch)
+        self.membership = Membership(fleet=fleet, clock=clock, watch=config.watch)
         self.dns = DnsDiscovery(
             targets=config.dns,
             membership=self.membership,

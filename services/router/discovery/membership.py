@@ -3,9 +3,9 @@
 Each source (the static list, one DNS name, the announcement directory) owns a named set of
 addresses and replaces it whole whenever it learns something (``update``). An address is
 watched while at least one source lists it: one :class:`WorkerWatcher` per address, started
-when the first source names it and stopped when the last one drops it (the registry forgets
+when the first source names it and stopped when the last one drops it (the fleet forgets
 the worker with it). Two sources naming the same address share one watcher; two addresses
-leading to the same worker are folded by the registry (see ``registry.py``, aliases).
+leading to the same worker are folded by the fleet (see ``fleet.py``, aliases).
 
 Health is not membership: a listed worker that dies is marked down by its watcher within a
 second and stays listed, so it is back in the view as soon as it answers again.
@@ -19,17 +19,15 @@ from collections.abc import Iterable
 
 from services.common.clock import Clock
 from services.common.logs import event
-from services.router.registry import WorkerRegistry
+from services.router.fleet import Fleet
 from services.router.watcher import WatchConfig, WorkerWatcher
 
 log = logging.getLogger("meridian.router.discovery")
 
 
 class Membership:
-    def __init__(
-        self, *, registry: WorkerRegistry, clock: Clock, watch: WatchConfig | None = None
-    ) -> None:
-        self._registry = registry
+    def __init__(self, *, fleet: Fleet, clock: Clock, watch: WatchConfig | None = None) -> None:
+        self._fleet = fleet
         self._clock = clock
         self._watch = watch or WatchConfig()
         self._sources: dict[str, frozenset[str]] = {}
@@ -54,7 +52,7 @@ class Membership:
         for address in sorted(wanted - before):
             if address not in self._watchers:
                 watcher = WorkerWatcher(
-                    address=address, registry=self._registry, clock=self._clock, config=self._watch
+                    address=address, fleet=self._fleet, clock=self._clock, config=self._watch
                 )
                 self._watchers[address] = watcher
                 watcher.start()

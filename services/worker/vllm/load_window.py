@@ -1,6 +1,6 @@
 """An engine's load as the router wants it: the latest queue state plus recent-window rates.
 
-Fed once per engine step (services/worker/vllm_stats.py does it from vLLM's stat loggers)
+Fed once per engine step (services/worker/vllm/stats.py does it from vLLM's stat loggers)
 and read by every load report, so both sides are O(1) amortised.
 
 - ``running``, ``waiting``, ``kv_cache_usage``: the latest step's values. An idle engine takes

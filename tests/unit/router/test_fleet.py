@@ -1,7 +1,7 @@
 import pytest
 
 from meridian.v1 import worker_pb2
-from services.router.registry import RegistryConfig, WorkerRegistry
+from services.router.fleet import Fleet, FleetConfig
 from services.router.scheduling.types import ModelState
 
 ADDR = "127.0.0.1:5000"
@@ -21,26 +21,26 @@ def report(running: int = 0, waiting: int = 0, draining: bool = False) -> worker
     return r
 
 
-def registry(**cfg: float) -> WorkerRegistry:
-    reg = WorkerRegistry(RegistryConfig(snapshot_max_age_s=0.0, **cfg))  # type: ignore[arg-type]
+def fleet(**cfg: float) -> Fleet:
+    reg = Fleet(FleetConfig(snapshot_max_age_s=0.0, **cfg))  # type: ignore[arg-type]
     reg.add(ADDR)
     reg.on_describe(ADDR, worker_pb2.WorkerInfo(worker_id="kr-1", region="kr"))
     return reg
 
 
-def only(reg: WorkerRegistry, now: float):  # type: ignore[no-untyped-def]
+def only(reg: Fleet, now: float):  # type: ignore[no-untyped-def]
     (snap,) = reg.snapshots(now)
     return snap
 
 
 def test_a_described_worker_without_reports_is_not_healthy() -> None:
-    snap = only(registry(), 0.0)
+    snap = only(fleet(), 0.0)
     assert not snap.healthy
     assert snap.health_detail == "not connected yet"
 
 
 def test_a_reporting_worker_is_healthy_with_its_load() -> None:
-    reg = registry()
+    reg = fleet()
     reg.on_report(ADDR, report(running=3, waiting=2), now=10.0)
     snap = only(reg, 10.1)
     assert snap.healthy
@@ -50,7 +50,7 @@ def test_a_reporting_worker_is_healthy_with_its_load() -> None:
 
 
 def test_a_worker_goes_stale_when_reports_stop() -> None:
-    reg = registry(stale_after_s=0.5)
+    reg = fleet(stale_after_s=0.5)
     reg.on_report(ADDR, report(), now=10.0)
     assert only(reg, 10.4).healthy
     stale = only(reg, 10.6)
@@ -59,7 +59,7 @@ def test_a_worker_goes_stale_when_reports_stop() -> None:
 
 
 def test_a_disconnect_marks_the_worker_down_at_once() -> None:
-    reg = registry()
+    reg = fleet()
     reg.on_report(ADDR, report(), now=10.0)
     reg.on_disconnect(ADDR, "UNAVAILABLE: connection reset")
     snap = only(reg, 10.0)
@@ -68,7 +68,7 @@ def test_a_disconnect_marks_the_worker_down_at_once() -> None:
 
 
 def test_rtt_is_smoothed_and_loss_counted() -> None:
-    reg = registry(rtt_ewma_alpha=0.5, loss_window=4)
+    reg = fleet(rtt_ewma_alpha=0.5, loss_window=4)
     reg.on_report(ADDR, report(), now=1.0)
     reg.on_probe(ADDR, 10.0)
     reg.on_probe(ADDR, 20.0)
@@ -80,7 +80,7 @@ def test_rtt_is_smoothed_and_loss_counted() -> None:
 
 
 def test_assignments_count_as_in_flight_until_a_report_covers_them() -> None:
-    reg = registry()
+    reg = fleet()
     reg.on_report(ADDR, report(), now=1.0)
     reg.assign("kr-1", "d1", now=1.01)
     reg.assign("kr-1", "d2", now=1.02)
@@ -90,7 +90,7 @@ def test_assignments_count_as_in_flight_until_a_report_covers_them() -> None:
 
 
 def test_outcomes_release_in_flight_and_count_failures() -> None:
-    reg = registry(failure_window_s=5.0)
+    reg = fleet(failure_window_s=5.0)
     reg.on_report(ADDR, report(), now=1.0)
     reg.assign("kr-1", "d1", now=1.0)
     reg.on_outcome("kr-1", "d1", failed=True, now=1.1)
@@ -101,13 +101,13 @@ def test_outcomes_release_in_flight_and_count_failures() -> None:
 
 
 def test_draining_is_visible() -> None:
-    reg = registry()
+    reg = fleet()
     reg.on_report(ADDR, report(draining=True), now=1.0)
     assert only(reg, 1.0).draining
 
 
 def test_removed_workers_disappear() -> None:
-    reg = registry()
+    reg = fleet()
     reg.on_report(ADDR, report(), now=1.0)
     reg.remove(ADDR)
     assert reg.snapshots(1.0) == []
@@ -117,13 +117,13 @@ def test_removed_workers_disappear() -> None:
     "kwargs",
     [{"stale_after_s": 0}, {"rtt_ewma_alpha": 0}, {"rtt_ewma_alpha": 1.5}, {"loss_window": 0}],
 )
-def test_bad_registry_config_is_refused(kwargs: dict[str, float]) -> None:
+def test_bad_fleet_config_is_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="must be"):
-        RegistryConfig(**kwargs)  # type: ignore[arg-type]
+        FleetConfig(**kwargs)  # type: ignore[arg-type]
 
 
 def test_admitted_decision_ids_release_exactly_those_assignments() -> None:
-    reg = registry(admission_timeout_s=2.0)
+    reg = fleet(admission_timeout_s=2.0)
     reg.on_report(ADDR, report(), now=1.0)
     for d in ("d1", "d2", "d3"):
         reg.assign("kr-1", d, now=1.01)

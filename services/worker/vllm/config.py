@@ -1,6 +1,6 @@
 """What a worker asks of vLLM: a frozen, validated config that becomes ``AsyncEngineArgs``.
 
-Kept apart from services/worker/vllm_engine.py so that reading, validating and printing an
+Kept apart from services/worker/vllm/engine.py so that reading, validating and printing an
 engine configuration (CLI, localstack) does not import vllm, which takes seconds and is only
 installed where the real engine runs.
 

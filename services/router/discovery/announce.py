@@ -36,7 +36,7 @@ from pathlib import Path
 
 from services.common.logs import event
 from services.common.net import parse_address
-from services.router.membership import Membership
+from services.router.discovery.membership import Membership
 
 log = logging.getLogger("meridian.router.discovery")
 

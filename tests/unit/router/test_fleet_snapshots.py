@@ -1,4 +1,4 @@
-"""The registry's incremental view (unchanged rows keep their snapshot object; time alone
+"""The fleet's incremental view (unchanged rows keep their snapshot object; time alone
 changes a row only at a deadline) and its folding of aliases (two addresses, one worker)."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from meridian.v1 import worker_pb2
-from services.router.registry import RegistryConfig, WorkerRegistry
+from services.router.fleet import Fleet, FleetConfig
 from services.router.scheduling.types import WorkerSnapshot
 
 
@@ -16,8 +16,8 @@ def report(worker_id: str, running: int = 0) -> worker_pb2.LoadReport:
     return r
 
 
-def registry(n: int, **cfg: float) -> WorkerRegistry:
-    reg = WorkerRegistry(RegistryConfig(**cfg))  # type: ignore[arg-type]
+def fleet(n: int, **cfg: float) -> Fleet:
+    reg = Fleet(FleetConfig(**cfg))  # type: ignore[arg-type]
     for i in range(n):
         addr = f"10.0.0.{i}:7000"
         reg.add(addr)
@@ -31,7 +31,7 @@ def by_id(snaps: list[WorkerSnapshot]) -> dict[str, WorkerSnapshot]:
 
 
 def test_only_the_rows_that_changed_get_new_snapshot_objects() -> None:
-    reg = registry(4)
+    reg = fleet(4)
     first = reg.snapshots(1.0)
     reg.assign("w2", "d1", now=1.01)
     second = reg.snapshots(1.01)
@@ -40,7 +40,7 @@ def test_only_the_rows_that_changed_get_new_snapshot_objects() -> None:
 
 
 def test_the_list_handed_out_is_a_copy_each_time() -> None:
-    reg = registry(2)
+    reg = fleet(2)
     a = reg.snapshots(1.0)
     a.clear()
     assert len(reg.snapshots(1.0)) == 2
@@ -58,7 +58,7 @@ def test_the_list_handed_out_is_a_copy_each_time() -> None:
 def test_time_alone_changes_a_row_at_its_deadlines(
     what: str, at: float, healthy: bool, in_flight: int, failures: int
 ) -> None:
-    reg = registry(1, stale_after_s=0.6, failure_window_s=2.0, assignment_ttl_s=5.0)
+    reg = fleet(1, stale_after_s=0.6, failure_window_s=2.0, assignment_ttl_s=5.0)
     reg.assign("w0", "d1", now=1.1)
     reg.assign("w0", "d2", now=1.1)
     reg.on_outcome("w0", "d2", failed=True, now=1.1)
@@ -68,7 +68,7 @@ def test_time_alone_changes_a_row_at_its_deadlines(
 
 
 def test_a_row_is_rebuilt_after_snapshot_max_age_even_without_a_deadline() -> None:
-    reg = registry(1, snapshot_max_age_s=0.2, stale_after_s=10.0)
+    reg = fleet(1, snapshot_max_age_s=0.2, stale_after_s=10.0)
     (a,) = reg.snapshots(1.0)
     (b,) = reg.snapshots(1.1)
     (c,) = reg.snapshots(1.3)
@@ -78,7 +78,7 @@ def test_a_row_is_rebuilt_after_snapshot_max_age_even_without_a_deadline() -> No
 
 
 def test_a_second_address_of_the_same_worker_is_listed_once() -> None:
-    reg = registry(1)
+    reg = fleet(1)
     reg.add("127.0.0.1:7000")
     reg.on_describe("127.0.0.1:7000", worker_pb2.WorkerInfo(worker_id="w0", region="kr"))
     reg.on_report("127.0.0.1:7000", report("w0"), now=1.0)
@@ -87,7 +87,7 @@ def test_a_second_address_of_the_same_worker_is_listed_once() -> None:
 
 
 def test_an_alias_takes_over_when_the_listed_address_loses_its_connection() -> None:
-    reg = registry(1)
+    reg = fleet(1)
     reg.add("127.0.0.1:7000")
     reg.on_describe("127.0.0.1:7000", worker_pb2.WorkerInfo(worker_id="w0", region="kr"))
     reg.on_report("127.0.0.1:7000", report("w0"), now=1.0)
@@ -99,7 +99,7 @@ def test_an_alias_takes_over_when_the_listed_address_loses_its_connection() -> N
 
 
 def test_removing_the_listed_address_promotes_the_alias() -> None:
-    reg = registry(1)
+    reg = fleet(1)
     reg.add("127.0.0.1:7000")
     reg.on_describe("127.0.0.1:7000", worker_pb2.WorkerInfo(worker_id="w0", region="kr"))
     reg.on_report("127.0.0.1:7000", report("w0"), now=1.0)
@@ -110,7 +110,7 @@ def test_removing_the_listed_address_promotes_the_alias() -> None:
 
 
 def test_a_restarted_worker_with_a_new_id_replaces_the_old_row() -> None:
-    reg = registry(2)
+    reg = fleet(2)
     reg.on_describe("10.0.0.1:7000", worker_pb2.WorkerInfo(worker_id="w9", region="jp"))
     reg.on_report("10.0.0.1:7000", report("w9"), now=1.2)
     snaps = by_id(reg.snapshots(1.2))
@@ -120,7 +120,7 @@ def test_a_restarted_worker_with_a_new_id_replaces_the_old_row() -> None:
 
 
 def test_membership_changes_keep_the_other_rows_objects() -> None:
-    reg = registry(3)
+    reg = fleet(3)
     before = by_id(reg.snapshots(1.0))
     reg.remove("10.0.0.1:7000")
     after = by_id(reg.snapshots(1.0))
@@ -130,7 +130,7 @@ def test_membership_changes_keep_the_other_rows_objects() -> None:
 
 
 def test_packet_loss_is_counted_over_a_sliding_window() -> None:
-    reg = registry(1, loss_window=3)
+    reg = fleet(1, loss_window=3)
     for rtt in (None, None, 5.0, 5.0, 5.0):
         reg.on_probe("10.0.0.0:7000", rtt)
     assert reg.snapshots(1.0)[0].loss == 0.0
@@ -149,7 +149,7 @@ def test_packet_loss_is_counted_over_a_sliding_window() -> None:
 def test_a_report_covers_an_assignment_one_rtt_and_the_grace_after_it(
     report_at: float, in_flight: int
 ) -> None:
-    reg = registry(1, in_flight_grace_s=0.02)
+    reg = fleet(1, in_flight_grace_s=0.02)
     reg.on_probe("10.0.0.0:7000", 40.0)
     reg.assign("w0", "d1", now=1.0)
     reg.on_report("10.0.0.0:7000", report("w0"), now=report_at)

@@ -3,7 +3,7 @@
 ``AsyncLLM`` calls every stat logger once per engine step, in the frontend process and on the
 event loop, with that step's ``SchedulerStats`` (running / waiting requests, KV-cache usage,
 prefix-cache lookups) and ``IterationStats`` (tokens generated in the step). This logger
-forwards those numbers to a :class:`~services.worker.load_window.LoadWindow`, which the
+forwards those numbers to a :class:`~services.worker.vllm.load_window.LoadWindow`, which the
 engine's ``load()`` reads.
 
 vLLM documents these two classes as *not* stable interfaces, so they are read here and nowhere
@@ -26,7 +26,7 @@ from typing import Any
 
 from vllm.v1.metrics.loggers import StatLoggerBase
 
-from services.worker.load_window import LoadWindow
+from services.worker.vllm.load_window import LoadWindow
 
 log = logging.getLogger(__name__)
 
