@@ -34,14 +34,14 @@ from pathlib import Path
 import uvloop
 
 from meridian.v1 import router_pb2
-from services.edge.admit import scopes_for
-from services.edge.apikeys import KeyHasher
 from services.edge.openai_types import parse_chat_request
 from services.edge.prompt import estimate_prompt_tokens
 from services.edge.ratelimit.types import Ask
 from services.edge.server import EdgeConfig, EdgeServer, connect_redis
-from services.edge.tenants import Limits, Tenant
-from services.edge.upstream import RouterClient, RouteResult
+from services.edge.stages.admit import scopes_for
+from services.edge.tenancy.apikeys import KeyHasher
+from services.edge.tenancy.tenants import Limits, Tenant
+from services.edge.upstream.router_client import RouterClient, RouteResult
 from services.localstack.procs import ManagedProcess
 from services.localstack.redis_server import RedisServer
 

@@ -34,11 +34,11 @@ from aiohttp.typedefs import Handler
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.common.errors import AuthenticationFailed, InvalidRequest
-from services.edge.apikeys import KeyRecord
-from services.edge.boundary import error_boundary
 from services.edge.counters import EdgeCounters
-from services.edge.directory import MAX_GRACE_S, Directory
-from services.edge.tenants import Limits, Tenant, TenantPatch
+from services.edge.middleware.error_boundary import error_boundary
+from services.edge.tenancy.apikeys import KeyRecord
+from services.edge.tenancy.directory import MAX_GRACE_S, Directory
+from services.edge.tenancy.tenants import Limits, Tenant, TenantPatch
 
 MIN_ADMIN_TOKEN_CHARS = 16
 _MAX_BODY = 64 * 1024

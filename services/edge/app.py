@@ -15,21 +15,25 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from aiohttp import web
 
-from services.edge.admit import Admit
-from services.edge.auth import Authenticator
-from services.edge.boundary import RESPONSE_HEADERS, error_boundary
 from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
-from services.edge.failover import FailoverPolicy
-from services.edge.guard import ConnectionGuard, GuardConfig, IpBuckets, Lifecycle, Occupancy
-from services.edge.observability import TRACE_ID, EdgeTelemetry, telemetry_middleware
-from services.edge.pipeline import Next, Stage, TerminalStage, build_chain
-from services.edge.protocol import guard_middleware
+from services.edge.guard import GuardConfig, IpBuckets, Lifecycle, Occupancy
+from services.edge.middleware.error_boundary import RESPONSE_HEADERS, error_boundary
+from services.edge.middleware.ip_guard import ip_guard
+from services.edge.middleware.telemetry import TRACE_ID, telemetry_middleware
+from services.edge.observability import EdgeTelemetry
+from services.edge.pipeline import Next, Stage, TerminalStage, build_chain, ordered_middlewares
 from services.edge.ratelimit.limiter import RateLimiter
-from services.edge.respond import Respond
-from services.edge.routeview import ResilientRouter
-from services.edge.stages import Authenticate, RequestLimits, Route, Validate
-from services.edge.upstream import WorkerPool
+from services.edge.stages.admit import Admit
+from services.edge.stages.authenticate import Authenticate
+from services.edge.stages.connection_guard import ConnectionGuard
+from services.edge.stages.route import Route
+from services.edge.stages.stream import Stream
+from services.edge.stages.validate import RequestLimits, Validate
+from services.edge.tenancy.auth import Authenticator
+from services.edge.upstream.failover import FailoverPolicy
+from services.edge.upstream.resilient_router import ResilientRouter
+from services.edge.upstream.worker_pool import WorkerPool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -70,7 +74,7 @@ def chat_stages(deps: EdgeDeps) -> tuple[list[Stage], TerminalStage]:
             Admit(limiter=deps.limiter),
             Route(router=deps.router, site=deps.site),
         ],
-        Respond(
+        Stream(
             router=deps.router,
             workers=deps.workers,
             policy=deps.policy,
@@ -144,11 +148,13 @@ async def readyz(request: web.Request) -> web.Response:
 
 def build_app(deps: EdgeDeps) -> web.Application:
     app = web.Application(
-        middlewares=[
-            telemetry_middleware(deps.telemetry),
-            error_boundary,
-            guard_middleware(buckets=deps.ip_buckets, counters=deps.counters),
-        ],
+        middlewares=ordered_middlewares(
+            {
+                "telemetry": telemetry_middleware(deps.telemetry),
+                "error_boundary": error_boundary,
+                "ip_guard": ip_guard(buckets=deps.ip_buckets, counters=deps.counters),
+            }
+        ),
         client_max_size=deps.request_limits.max_body_bytes,
     )
     app[DEPS] = deps

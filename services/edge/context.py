@@ -3,18 +3,22 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from meridian.v1 import router_pb2
 from services.edge.openai_types import ChatCompletionRequest
-from services.edge.upstream import RouteResult
+from services.edge.upstream.router_client import RouteResult
 
 if TYPE_CHECKING:
-    from services.edge.auth import Principal
     from services.edge.ratelimit.limiter import Lease
+    from services.edge.tenancy.auth import Principal
+
+
+#: Ask the router again for this request, leaving out the workers named (already tried).
+Reroute = Callable[[Sequence[str]], Awaitable[RouteResult]]
 
 
 @dataclass(slots=True)
@@ -27,8 +31,8 @@ class ChatContext:
     prompt_tokens_estimate: int = 0  # set by validate
     session_id: str = ""  # set by validate (x-session-id)
     lease: Lease | None = None  # set by admit
-    route_request: router_pb2.RouteRequest | None = None  # set by route
-    route: RouteResult | None = None  # set by route
+    route: RouteResult | None = None  # set by route: the first ranking
+    reroute: Reroute | None = None  # set by route: a new ranking, excluding some workers
     # Tokens really used so far (prompt + completion, from the worker's cumulative usage);
     # kept current by the stream stage, read by admit to settle the reservation.
     tokens_used: int = 0

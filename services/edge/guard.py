@@ -5,10 +5,11 @@ Three places, because aiohttp gives each limit a natural home:
 - **per connection** (:mod:`services.edge.protocol`): live connections per client IP and per
   edge, the header-read deadline (slow-loris) and header size/count — none of these can be a
   pipeline stage, since they act before (or instead of) a parsed request;
-- **per request, every route** (:func:`services.edge.protocol.guard_middleware`): a token
+- **per request, every route** (:func:`services.edge.middleware.ip_guard.ip_guard`): a token
   bucket per client IP in front of everything that could touch Redis, and the answer to a
   connection the protocol marked as over its limit;
-- **per chat request** (:class:`ConnectionGuard`, the pipeline's first stage): concurrent
+- **per chat request** (:class:`~services.edge.stages.connection_guard.ConnectionGuard`, the
+  pipeline's first stage): concurrent
   streams per client IP and per edge, and refusing new work while draining.
 
 The client IP is the TCP peer: the edge terminates client connections itself. (Behind a
@@ -24,10 +25,6 @@ from enum import StrEnum
 from aiohttp import web
 
 from services.common.clock import Clock
-from services.common.errors import Overloaded, RateLimited, Unavailable
-from services.edge.context import ChatContext
-from services.edge.counters import EdgeCounters
-from services.edge.pipeline import Next
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -163,31 +160,3 @@ class Lifecycle:
 
 def client_ip(request: web.BaseRequest) -> str:
     return request.remote or "unknown"
-
-
-class ConnectionGuard:
-    """The chat pipeline's first stage: concurrent streams per client IP and per edge."""
-
-    name = "connection_guard"
-
-    def __init__(self, *, streams: Occupancy, lifecycle: Lifecycle, counters: EdgeCounters) -> None:
-        self._streams = streams
-        self._lifecycle = lifecycle
-        self._counters = counters
-
-    async def __call__(self, ctx: ChatContext, call_next: Next) -> web.StreamResponse:
-        if self._lifecycle.draining:
-            self._counters.refused_while_draining += 1
-            raise Unavailable("This edge is shutting down; retry.", retry_after_s=1.0)
-        ip = client_ip(ctx.request)
-        refusal = self._streams.try_acquire(ip)
-        if refusal is Refusal.IP:
-            self._counters.streams_refused_ip += 1
-            raise RateLimited("Too many concurrent requests from your address.", retry_after_s=1.0)
-        if refusal is Refusal.EDGE:
-            self._counters.streams_refused_edge += 1
-            raise Overloaded("This edge is at its concurrent request limit.", retry_after_s=1.0)
-        try:
-            return await call_next(ctx)
-        finally:
-            self._streams.release(ip)

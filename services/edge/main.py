@@ -23,16 +23,16 @@ from pathlib import Path
 
 from services.common import cli, logs, runtime, telemetry
 from services.common.logs import event
-from services.edge.apikeys import KeyHasher, load_pepper
-from services.edge.auth import AuthConfig
-from services.edge.failover import FailoverPolicy
 from services.edge.guard import GuardConfig
 from services.edge.ratelimit.limiter import FailureMode, RateLimitConfig
-from services.edge.routeview import ViewConfig
 from services.edge.server import EdgeConfig, EdgeServer, connect_redis
-from services.edge.stages import RequestLimits
+from services.edge.stages.validate import RequestLimits
+from services.edge.tenancy.apikeys import KeyHasher, load_pepper
+from services.edge.tenancy.auth import AuthConfig
 from services.edge.tls import TlsConfig, server_context
-from services.edge.upstream import RouterClient
+from services.edge.upstream.failover import FailoverPolicy
+from services.edge.upstream.resilient_router import ViewConfig
+from services.edge.upstream.router_client import RouterClient
 
 log = logging.getLogger("meridian.edge")
 ADMIN_TOKEN_ENV = "MERIDIAN_ADMIN_TOKEN"

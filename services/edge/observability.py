@@ -14,18 +14,12 @@
 
 from __future__ import annotations
 
-import asyncio
-import time
 from collections.abc import Callable, Iterable
 
-from aiohttp import web
-from aiohttp.typedefs import Handler, Middleware
 from opentelemetry import trace
 from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeter, Observation
-from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from services.common import metric_names as mn
-from services.common.tracecontext import extract_headers
 from services.edge.counters import EdgeCounters
 
 #: EdgeCounters fields that are a refusal of the client's request, by reason.
@@ -140,47 +134,3 @@ class EdgeTelemetry:
         self.tokens.record(completion_tokens, {**attrs, mn.TOKEN_TYPE: "output"})
         if attempts > 1:
             self.failovers.add(attempts - 1, {mn.REGION: region})
-
-
-def telemetry_middleware(telemetry: EdgeTelemetry) -> Middleware:
-    """Outermost middleware: the request's SERVER span, its duration and status counters."""
-    tracer = telemetry.tracer
-
-    @web.middleware
-    async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
-        started = time.monotonic()
-        route = request.match_info.route.resource
-        path = route.canonical if route is not None else "unmatched"
-        parent = extract_headers(request.headers)
-        status = 500  # unless a response says otherwise
-        with tracer.start_as_current_span(
-            f"{request.method} {path}",
-            context=parent,
-            kind=SpanKind.SERVER,
-            attributes={"http.request.method": request.method, "url.path": request.path},
-        ) as span:
-            ctx = span.get_span_context()
-            if ctx.is_valid:
-                request[TRACE_ID] = format(ctx.trace_id, "032x")
-            try:
-                resp = await handler(request)
-                status = resp.status
-                if ctx.is_valid and not resp.prepared:
-                    resp.headers["x-trace-id"] = request[TRACE_ID]
-                return resp
-            except asyncio.CancelledError:
-                status = 499  # the client went away (nginx's convention)
-                raise
-            finally:
-                span.set_attribute(mn.STATUS_CODE, status)
-                if status >= 500:
-                    span.set_status(Status(StatusCode.ERROR))
-                attrs: dict[str, str | int] = {mn.STATUS_CODE: status, "http.route": path}
-                telemetry.requests.add(1, attrs)
-                if path == "/v1/chat/completions":
-                    telemetry.duration.record(time.monotonic() - started, attrs)
-
-    return observe
-
-
-TRACE_ID = web.RequestKey("trace_id", str)

@@ -1,18 +1,29 @@
-"""The edge's request pipeline for chat completions: an ordered chain of stages.
+"""The edge's whole request order, declared once: the middlewares every route passes, then
+the chat pipeline's stages.
+
+    telemetry → error_boundary → ip_guard            (every route; MIDDLEWARE_ORDER)
+      → connection_guard → authenticate → validate → admit → route → stream
+                                                      (POST /v1/chat/completions; CHAT_STAGE_ORDER)
 
 Like Envoy's HTTP filter chain: each stage either answers the request itself (by raising a
-:class:`~services.common.errors.MeridianError`, rendered in OpenAI's error format) or passes
-the context on to the next stage; the last stage is terminal and writes the response.
+:class:`~services.common.errors.MeridianError`, rendered in OpenAI's error format by the error
+boundary) or passes the context on to the next stage; the last stage is terminal and writes
+the response. Why the middlewares are in this order: telemetry is outermost so it records the
+status the client really gets; the error boundary is next, so every refusal raised inside it
+(the IP guard's 429 included) becomes an OpenAI error rather than a 500; the IP guard is
+innermost of the three, in front of everything that touches Redis.
 
-The order is declared once, here (:data:`CHAT_STAGE_ORDER`), and pinned by a test.
+``build_chain`` and ``ordered_middlewares`` refuse any other order;
+tests/unit/edge/test_edge_order.py pins both, by name and by behaviour.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Protocol
 
 from aiohttp import web
+from aiohttp.typedefs import Middleware
 from opentelemetry import context as otel_context
 from opentelemetry import trace
 from opentelemetry.trace import Status, StatusCode
@@ -20,6 +31,9 @@ from opentelemetry.trace import Status, StatusCode
 from services.edge.context import ChatContext
 
 Next = Callable[[ChatContext], Awaitable[web.StreamResponse]]
+
+#: aiohttp middlewares, outermost first; ``ordered_middlewares`` refuses any other order.
+MIDDLEWARE_ORDER: tuple[str, ...] = ("telemetry", "error_boundary", "ip_guard")
 
 #: Written once; ``build_chain`` refuses any other order.
 CHAT_STAGE_ORDER: tuple[str, ...] = (
@@ -30,6 +44,19 @@ CHAT_STAGE_ORDER: tuple[str, ...] = (
     "route",
     "stream",
 )
+
+
+#: Everything a chat request passes through, outermost first.
+EDGE_ORDER: tuple[str, ...] = (*MIDDLEWARE_ORDER, *CHAT_STAGE_ORDER)
+
+
+def ordered_middlewares(named: Mapping[str, Middleware]) -> list[Middleware]:
+    """The middlewares in :data:`MIDDLEWARE_ORDER`; every one must be given, no other."""
+    if set(named) != set(MIDDLEWARE_ORDER):
+        missing = [n for n in MIDDLEWARE_ORDER if n not in named]
+        unknown = [n for n in named if n not in MIDDLEWARE_ORDER]
+        raise ValueError(f"middlewares: missing {missing}, unknown {unknown}")
+    return [named[n] for n in MIDDLEWARE_ORDER]
 
 
 class Stage(Protocol):

@@ -5,8 +5,8 @@ Per connection:
 
 - **live connections per client IP and per edge**: counted from ``connection_made`` to
   ``connection_lost``. A connection over a cap is not dropped blindly: its first request is
-  answered with an OpenAI-style 429 (per IP) or 503 (per edge) by :func:`guard_middleware`,
-  then the connection is closed;
+  answered with an OpenAI-style 429 (per IP) or 503 (per edge) by the ``ip_guard`` middleware
+  (:mod:`services.edge.middleware.ip_guard`), then the connection is closed;
 - **header deadline (slow-loris)**: from the connection (or the first byte of the next
   request on a kept-alive connection) the request line and headers must be complete within
   ``header_timeout_s``, however slowly the bytes trickle in; otherwise a raw 408 with an
@@ -29,19 +29,16 @@ from typing import Any
 
 from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage, HttpProcessingError, LineTooLong
-from aiohttp.typedefs import Handler, Middleware
 
 from services.common.errors import (
     InternalError,
     InvalidRequest,
     MeridianError,
-    Overloaded,
-    RateLimited,
 )
 from services.common.logs import event
 from services.common.startup import listen_failed
 from services.edge.counters import EdgeCounters
-from services.edge.guard import GuardConfig, IpBuckets, Occupancy, Refusal, client_ip
+from services.edge.guard import GuardConfig, Occupancy, Refusal
 from services.edge.httperrors import HeadersTooLarge, RequestTimeout
 
 log = logging.getLogger("meridian.edge.protocol")
@@ -108,7 +105,7 @@ class GuardedRequestHandler(web.RequestHandler):
             self._arm_header_timer()  # the first byte of the next request on this connection
         super().data_received(data)
 
-    # Called by guard_middleware around each parsed request.
+    # Called by the ip_guard middleware around each parsed request.
     def request_started(self) -> None:
         self._cancel_header_timer()
         self._in_request = True
@@ -168,37 +165,6 @@ class GuardedRequestHandler(web.RequestHandler):
         resp = web.json_response(err.to_openai(), status=err.http_status)
         resp.force_close()
         return resp
-
-
-def guard_middleware(*, buckets: IpBuckets, counters: EdgeCounters) -> Middleware:
-    """Tells the protocol a request began (header deadline met); answers connections over
-    their cap; applies the per-IP request-rate bucket to every route."""
-
-    @web.middleware
-    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
-        proto = request.protocol if isinstance(request.protocol, GuardedRequestHandler) else None
-        if proto is not None:
-            proto.request_started()
-        try:
-            if proto is not None and proto.refusal is not None:
-                proto.close()  # this request gets its answer, then the connection closes
-                if proto.refusal is Refusal.IP:
-                    raise RateLimited(
-                        "Too many open connections from your address.", retry_after_s=1.0
-                    )
-                raise Overloaded("This edge is at its connection limit.", retry_after_s=1.0)
-            wait_s = buckets.take(client_ip(request))
-            if wait_s > 0:
-                counters.ip_rate_limited += 1
-                raise RateLimited(
-                    "Too many requests from your address; slow down.", retry_after_s=wait_s
-                )
-            return await handler(request)
-        finally:
-            if proto is not None:
-                proto.request_finished()
-
-    return guard
 
 
 class Listener:

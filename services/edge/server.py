@@ -27,23 +27,24 @@ from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.startup import start_site
 from services.common.telemetry import Telemetry
 from services.edge.admin import AdminDeps, build_admin_app, token_digest
-from services.edge.apikeys import KeyHasher
 from services.edge.app import EdgeDeps, build_app
-from services.edge.auth import AuthConfig, Authenticator
 from services.edge.breaker import Breaker
 from services.edge.counters import EdgeCounters
-from services.edge.directory import Directory
-from services.edge.failover import FailoverPolicy
 from services.edge.guard import GuardConfig, IpBuckets, Lifecycle, Occupancy
 from services.edge.observability import EdgeTelemetry
 from services.edge.protocol import Listener
 from services.edge.ratelimit.limiter import FailureMode, RateLimitConfig, RateLimiter
 from services.edge.ratelimit.redis_backend import RedisBackend
 from services.edge.ratelimit.window import LocalBackend
-from services.edge.routeview import ResilientRouter, ViewConfig
-from services.edge.stages import RequestLimits
+from services.edge.stages.validate import RequestLimits
+from services.edge.tenancy.apikeys import KeyHasher
+from services.edge.tenancy.auth import AuthConfig, Authenticator
+from services.edge.tenancy.directory import Directory
 from services.edge.tls import TlsConfig, server_context
-from services.edge.upstream import RouterClient, WorkerPool
+from services.edge.upstream.failover import FailoverPolicy
+from services.edge.upstream.resilient_router import ResilientRouter, ViewConfig
+from services.edge.upstream.router_client import RouterClient
+from services.edge.upstream.worker_pool import WorkerPool
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

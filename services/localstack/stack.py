@@ -22,10 +22,10 @@ import redis.exceptions
 
 from services.common.clock import SYSTEM_CLOCK
 from services.common.net import redact_url
-from services.edge.apikeys import KeyHasher, load_pepper, new_pepper
-from services.edge.directory import Directory
 from services.edge.selfsigned import write_self_signed
-from services.edge.tenants import Tenant
+from services.edge.tenancy.apikeys import KeyHasher, load_pepper, new_pepper
+from services.edge.tenancy.directory import Directory
+from services.edge.tenancy.tenants import Tenant
 from services.localstack.config import StackConfig
 from services.localstack.procs import ManagedProcess, ProcessFailed
 from services.localstack.redis_server import RedisServer

@@ -12,10 +12,10 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from services.edge.failover import FailoverPolicy
 from services.edge.guard import GuardConfig
 from services.edge.server import EdgeConfig
-from services.edge.stages import RequestLimits
+from services.edge.stages.validate import RequestLimits
+from services.edge.upstream.failover import FailoverPolicy
 from tests.integration.conftest import MODEL, Stack
 from tests.support.inproc import TEST_ADMIN_TOKEN, RunningEdge, start_edge
 from tests.support.wait import eventually

@@ -17,10 +17,10 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from services.edge.failover import FailoverPolicy
 from services.edge.ratelimit.limiter import FailureMode, RateLimitConfig
 from services.edge.server import EdgeConfig
-from services.edge.tenants import Limits
+from services.edge.tenancy.tenants import Limits
+from services.edge.upstream.failover import FailoverPolicy
 from tests.integration.conftest import MODEL, Stack, start_stack, stop_stack
 from tests.support.inproc import (
     TEST_ADMIN_TOKEN,

@@ -9,7 +9,7 @@ from collections.abc import AsyncIterator
 import aiohttp
 import pytest
 
-from services.edge.tenants import Tenant, TenantPatch
+from services.edge.tenancy.tenants import Tenant, TenantPatch
 from tests.integration.conftest import MODEL, Stack
 from tests.support.inproc import TEST_ADMIN_TOKEN, RunningEdge, start_edge
 

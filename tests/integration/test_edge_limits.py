@@ -20,7 +20,7 @@ import redis.asyncio as aioredis
 
 from services.edge.openai_types import parse_chat_request
 from services.edge.prompt import estimate_prompt_tokens
-from services.edge.tenants import Limits
+from services.edge.tenancy.tenants import Limits
 from tests.integration.conftest import MODEL, Stack
 from tests.support.inproc import RunningEdge, start_edge
 from tests.support.wait import eventually

@@ -14,7 +14,7 @@ import aiohttp
 import redis.asyncio as aioredis
 
 from services.common.logs import JsonFormatter
-from services.edge.tenants import Limits
+from services.edge.tenancy.tenants import Limits
 from tests.integration.conftest import MODEL, Stack
 from tests.support.inproc import TEST_ADMIN_TOKEN
 

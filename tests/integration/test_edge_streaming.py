@@ -15,7 +15,7 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
-from services.edge.tenants import Limits
+from services.edge.tenancy.tenants import Limits
 from tests.integration.conftest import MODEL, Stack
 from tests.support.inproc import TEST_PEPPER, start_edge
 from tests.support.redis_proc import free_port

@@ -11,10 +11,10 @@ import aiohttp
 import openai
 import pytest
 
-from services.edge.failover import FailoverPolicy
 from services.edge.selfsigned import write_self_signed
 from services.edge.server import EdgeConfig
 from services.edge.tls import TlsConfig
+from services.edge.upstream.failover import FailoverPolicy
 from tests.integration.conftest import MODEL, Stack
 from tests.support.inproc import TEST_ADMIN_TOKEN, RunningEdge, start_edge
 

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Sequence
 
 import openai
 import pytest
 
 from meridian.v1 import router_pb2, router_pb2_grpc, worker_pb2
 from services.common.grpcutil import insecure_channel
+from services.edge.upstream.router_client import RouteResult
 from services.netem.proxy import CutMode
 from tests.integration.conftest import MODEL, Stack
 
@@ -99,10 +101,28 @@ async def _drain_stream(address: str, i: int) -> None:
             pass
 
 
+def attempts_of(
+    template: worker_pb2.GenerateRequest,
+) -> Callable[[str, str], worker_pb2.GenerateRequest]:
+    """A Generate factory for ``open_stream``: a fresh copy of ``template`` per attempt."""
+
+    def make(request_id: str, decision_id: str) -> worker_pb2.GenerateRequest:
+        req = worker_pb2.GenerateRequest()
+        req.CopyFrom(template)
+        req.request_id, req.decision_id = request_id, decision_id
+        return req
+
+    return make
+
+
+async def nothing_else(exclude: Sequence[str]) -> RouteResult:
+    """A reroute that finds no other worker."""
+    return RouteResult(decision_id="none", candidates=(), explanation="")
+
+
 async def test_failover_tries_the_next_candidate_before_the_first_token(stack: Stack) -> None:
     """A candidate nobody listens on (a dead host) is skipped; the client never sees it."""
-    from services.edge.failover import FailoverPolicy, open_stream
-    from services.edge.upstream import RouteResult
+    from services.edge.upstream.failover import FailoverPolicy, open_stream
     from tests.support.redis_proc import free_port
 
     dead = router_pb2.Candidate(
@@ -117,11 +137,12 @@ async def test_failover_tries_the_next_candidate_before_the_first_token(stack: S
     gen.messages.add(role="user", content="hello")
     gen.sampling.max_tokens = 3
     upstream = await open_stream(
-        router=stack.edge.deps.router,
-        workers=stack.edge.deps.workers,
-        route_request=router_pb2.RouteRequest(request_id="fo-1", model=MODEL),
         first_route=RouteResult(decision_id="d", candidates=(dead, live), explanation=""),
-        generate=gen,
+        reroute=nothing_else,
+        outcomes=stack.edge.deps.router,
+        workers=stack.edge.deps.workers,
+        request_id="fo-1",
+        generate=attempts_of(gen),
         policy=FailoverPolicy(max_attempts=3),
     )
     chunks = [c async for c in upstream.chunks()]
@@ -132,8 +153,7 @@ async def test_failover_tries_the_next_candidate_before_the_first_token(stack: S
 
 async def test_bad_requests_are_not_retried_on_other_workers(stack: Stack) -> None:
     from services.common.errors import InvalidRequest
-    from services.edge.failover import FailoverPolicy, open_stream
-    from services.edge.upstream import RouteResult
+    from services.edge.upstream.failover import FailoverPolicy, open_stream
 
     cands = tuple(
         router_pb2.Candidate(worker_id=name, region=name[:2], address=f"{p.host}:{p.port}")
@@ -144,11 +164,12 @@ async def test_bad_requests_are_not_retried_on_other_workers(stack: Stack) -> No
     gen.sampling.max_tokens = 100_000  # over the context: every worker would refuse
     with pytest.raises(InvalidRequest) as exc:
         await open_stream(
-            router=stack.edge.deps.router,
-            workers=stack.edge.deps.workers,
-            route_request=router_pb2.RouteRequest(request_id="fo-2", model=MODEL),
             first_route=RouteResult(decision_id="d", candidates=cands, explanation=""),
-            generate=gen,
+            reroute=nothing_else,
+            outcomes=stack.edge.deps.router,
+            workers=stack.edge.deps.workers,
+            request_id="fo-2",
+            generate=attempts_of(gen),
             policy=FailoverPolicy(max_attempts=3),
         )
     assert exc.value.param == "max_tokens"
@@ -160,8 +181,7 @@ async def test_a_worker_that_stops_sending_mid_stream_ends_it_with_a_timeout(
     """The link freezes after the first token (a silent partition): the edge's idle watchdog
     ends the stream with a clear error instead of hanging."""
     from services.common.errors import UpstreamTimeout
-    from services.edge.failover import FailoverPolicy, open_stream
-    from services.edge.upstream import RouteResult
+    from services.edge.upstream.failover import FailoverPolicy, open_stream
 
     proxy = stack.proxies["jp-1"]
     cand = router_pb2.Candidate(worker_id="jp-1", region="jp", address=f"{proxy.host}:{proxy.port}")
@@ -170,11 +190,12 @@ async def test_a_worker_that_stops_sending_mid_stream_ends_it_with_a_timeout(
     gen.sampling.max_tokens = 5000
     gen.sampling.ignore_eos = True
     upstream = await open_stream(
-        router=stack.edge.deps.router,
-        workers=stack.edge.deps.workers,
-        route_request=router_pb2.RouteRequest(request_id="idle-1", model=MODEL),
         first_route=RouteResult(decision_id="d", candidates=(cand,), explanation=""),
-        generate=gen,
+        reroute=nothing_else,
+        outcomes=stack.edge.deps.router,
+        workers=stack.edge.deps.workers,
+        request_id="idle-1",
+        generate=attempts_of(gen),
         policy=FailoverPolicy(stream_idle_timeout_s=0.5),
     )
     chunks = upstream.chunks()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from meridian.v1 import router_pb2
 from services.common.clock import SYSTEM_CLOCK
-from services.edge.upstream import RouterClient
+from services.edge.upstream.router_client import RouterClient
 from services.worker.sim import SimConfig, SimEngine
 from tests.support.inproc import start_router, start_worker
 from tests.support.wait import eventually

@@ -13,9 +13,9 @@ from typing import Any, TypeVar
 
 import pytest
 
-from services.edge.failover import FailoverPolicy
 from services.edge.guard import GuardConfig
 from services.edge.server import EdgeConfig
+from services.edge.upstream.failover import FailoverPolicy
 from tests.integration.conftest import Stack, start_stack, stop_stack
 from tests.support.inproc import TEST_ADMIN_TOKEN, start_edge
 from tests.support.redis_proc import RedisProcess

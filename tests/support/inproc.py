@@ -15,15 +15,15 @@ import redis.asyncio as aioredis
 
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.telemetry import Telemetry
-from services.edge.apikeys import KeyHasher
 from services.edge.app import EdgeDeps
 from services.edge.counters import EdgeCounters
-from services.edge.directory import Directory
-from services.edge.failover import FailoverPolicy
 from services.edge.server import EdgeConfig, EdgeServer, connect_redis
-from services.edge.stages import RequestLimits
-from services.edge.tenants import Tenant
-from services.edge.upstream import RouterClient
+from services.edge.stages.validate import RequestLimits
+from services.edge.tenancy.apikeys import KeyHasher
+from services.edge.tenancy.directory import Directory
+from services.edge.tenancy.tenants import Tenant
+from services.edge.upstream.failover import FailoverPolicy
+from services.edge.upstream.router_client import RouterClient
 from services.router.debug import DebugConfig, DebugEndpoint
 from services.router.discovery import Discovery, DiscoveryConfig
 from services.router.discovery.dns import DnsTarget, Resolver

@@ -28,7 +28,8 @@ from meridian.v1 import router_pb2, worker_pb2, worker_pb2_grpc
 from services.common.clock import SYSTEM_CLOCK
 from services.common.errors import Unavailable
 from services.common.grpcutil import CHANNEL_OPTIONS, insecure_channel
-from services.edge.upstream import GenerateCall, RouterClient
+from services.edge.upstream.router_client import RouterClient
+from services.edge.upstream.worker_pool import GenerateCall
 from services.router.scheduling.types import ModelState, WorkerSnapshot
 from tests.support.inproc import RunningEdge, RunningRouter, start_edge, start_router
 from tests.support.redis_proc import RedisProcess

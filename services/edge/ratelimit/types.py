@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
 
-from services.edge.tenants import Limits
+from services.edge.tenancy.tenants import Limits
 
 
 class Reason(StrEnum):

@@ -14,7 +14,7 @@ import aiohttp
 import pytest
 
 from services.common.errors import AuthenticationFailed
-from services.edge.keys import build_parser as build_keys_parser
+from services.edge.tenancy.cli import build_parser as build_keys_parser
 from tests.support.inproc import TEST_ADMIN_TOKEN, RunningEdge, start_edge
 from tests.support.redis_proc import free_port
 from tests.support.wait import eventually
@@ -151,7 +151,7 @@ async def cli(edge: RunningEdge, *args: str, token: str = TEST_ADMIN_TOKEN) -> t
     proc = await asyncio.create_subprocess_exec(
         sys.executable,
         "-m",
-        "services.edge.keys",
+        "services.edge.tenancy",
         "--admin-url",
         edge.admin_url,
         *args,

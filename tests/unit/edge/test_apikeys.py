@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from services.edge.apikeys import (
+from services.edge.tenancy.apikeys import (
     PEPPER_ENV,
     KeyHasher,
     KeyRecord,
@@ -13,7 +13,7 @@ from services.edge.apikeys import (
     new_pepper,
     new_raw_key,
 )
-from services.edge.tenants import Limits
+from services.edge.tenancy.tenants import Limits
 
 
 def test_new_keys_have_the_meridian_format_and_are_distinct() -> None:

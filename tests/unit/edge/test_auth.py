@@ -13,12 +13,12 @@ import redis.asyncio as aioredis
 
 from services.common.clock import ManualClock
 from services.common.errors import AuthenticationFailed, PermissionDenied, Unavailable
-from services.edge.apikeys import KeyHasher, new_raw_key
-from services.edge.auth import AuthConfig, Authenticator
 from services.edge.breaker import Breaker
 from services.edge.counters import EdgeCounters
-from services.edge.directory import EVENTS_CHANNEL, Directory
-from services.edge.tenants import Tenant, TenantPatch
+from services.edge.tenancy.apikeys import KeyHasher, new_raw_key
+from services.edge.tenancy.auth import AuthConfig, Authenticator
+from services.edge.tenancy.directory import EVENTS_CHANNEL, Directory
+from services.edge.tenancy.tenants import Tenant, TenantPatch
 from tests.support.redis_proc import RedisProcess
 from tests.support.wait import eventually
 

@@ -10,10 +10,10 @@ import redis.asyncio as aioredis
 
 from services.common.clock import ManualClock
 from services.common.errors import InvalidRequest, NotFound
-from services.edge.apikeys import KeyHasher
-from services.edge.directory import EVENTS_CHANNEL, Directory
 from services.edge.httperrors import Conflict
-from services.edge.tenants import Limits, Tenant, TenantPatch, Tier
+from services.edge.tenancy.apikeys import KeyHasher
+from services.edge.tenancy.directory import EVENTS_CHANNEL, Directory
+from services.edge.tenancy.tenants import Limits, Tenant, TenantPatch, Tier
 
 HASHER = KeyHasher(b"directory-test-pepper")
 

@@ -13,18 +13,12 @@ import pytest
 from aiohttp import web
 
 from services.common.clock import ManualClock
-from services.edge.boundary import error_boundary
 from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
-from services.edge.guard import (
-    ConnectionGuard,
-    GuardConfig,
-    IpBuckets,
-    Lifecycle,
-    Occupancy,
-    Refusal,
-)
+from services.edge.guard import GuardConfig, IpBuckets, Lifecycle, Occupancy, Refusal
+from services.edge.middleware.error_boundary import error_boundary
 from services.edge.pipeline import build_chain
+from services.edge.stages.connection_guard import ConnectionGuard
 from tests.support.wait import eventually
 
 

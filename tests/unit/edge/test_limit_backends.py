@@ -12,7 +12,7 @@ import redis.asyncio as aioredis
 from services.edge.ratelimit.redis_backend import RedisBackend
 from services.edge.ratelimit.types import Ask, LimiterBackend, Reason, Scope
 from services.edge.ratelimit.window import LocalBackend
-from services.edge.tenants import Limits
+from services.edge.tenancy.tenants import Limits
 
 WINDOW = 60_000
 LEASE = 30_000

@@ -23,7 +23,7 @@ from services.edge.ratelimit.limiter import (
 from services.edge.ratelimit.redis_backend import RedisBackend, scope_keys
 from services.edge.ratelimit.types import Ask, Scope
 from services.edge.ratelimit.window import LocalBackend
-from services.edge.tenants import Limits
+from services.edge.tenancy.tenants import Limits
 from tests.support.redis_proc import free_port
 
 

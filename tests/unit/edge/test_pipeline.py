@@ -71,10 +71,10 @@ def test_duplicate_stages_are_refused() -> None:
 async def test_the_edge_wires_every_declared_stage_in_order(redis_url: str) -> None:
     import redis.asyncio as aioredis
 
-    from services.edge.apikeys import KeyHasher
     from services.edge.app import chat_stages
     from services.edge.server import EdgeConfig, EdgeServer
-    from services.edge.upstream import RouterClient
+    from services.edge.tenancy.apikeys import KeyHasher
+    from services.edge.upstream.router_client import RouterClient
 
     server = EdgeServer(
         config=EdgeConfig(plain_http=True),

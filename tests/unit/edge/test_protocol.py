@@ -13,10 +13,11 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from services.common.clock import SYSTEM_CLOCK
-from services.edge.boundary import error_boundary
 from services.edge.counters import EdgeCounters
 from services.edge.guard import GuardConfig, IpBuckets, Occupancy
-from services.edge.protocol import Listener, guard_middleware
+from services.edge.middleware.error_boundary import error_boundary
+from services.edge.middleware.ip_guard import ip_guard
+from services.edge.protocol import Listener
 from tests.support.wait import eventually
 
 GET = b"GET /ok HTTP/1.1\r\nHost: x\r\n\r\n"
@@ -42,7 +43,7 @@ async def serve(**guard: float) -> AsyncIterator[Served]:
         return web.json_response({"ok": True})
 
     app = web.Application(
-        middlewares=[error_boundary, guard_middleware(buckets=buckets, counters=counters)]
+        middlewares=[error_boundary, ip_guard(buckets=buckets, counters=counters)]
     )
     app.router.add_get("/ok", ok)
     runner = web.AppRunner(app, access_log=None)

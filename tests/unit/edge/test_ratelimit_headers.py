@@ -4,7 +4,7 @@ import pytest
 
 from services.edge.ratelimit.headers import go_duration, rate_limit_headers, refusal_message
 from services.edge.ratelimit.types import Ask, Reason, Scope, ScopeState, Verdict
-from services.edge.tenants import Limits
+from services.edge.tenancy.tenants import Limits
 
 
 @pytest.mark.parametrize(

@@ -6,7 +6,7 @@ import redis.asyncio as aioredis
 
 from services.edge.ratelimit.redis_backend import RedisBackend, scope_keys
 from services.edge.ratelimit.types import Ask, Scope
-from services.edge.tenants import Limits
+from services.edge.tenancy.tenants import Limits
 
 
 async def test_state_lives_under_the_tenant_hash_tag_and_expires(redis_url: str) -> None:

@@ -9,8 +9,13 @@ import pytest
 from meridian.v1 import router_pb2, worker_pb2
 from services.common.clock import ManualClock
 from services.edge.counters import EdgeCounters
-from services.edge.routeview import ResilientRouter, ViewConfig, models_from_view, rank_locally
-from services.edge.upstream import RouterClient, RouterUnreachable
+from services.edge.upstream.resilient_router import (
+    ResilientRouter,
+    ViewConfig,
+    models_from_view,
+    rank_locally,
+)
+from services.edge.upstream.router_client import RouterClient, RouterUnreachable
 from tests.support.redis_proc import free_port
 
 READY = worker_pb2.MODEL_STATE_READY

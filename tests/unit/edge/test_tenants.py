@@ -4,7 +4,7 @@ import pytest
 from pydantic import ValidationError
 
 from meridian.v1 import router_pb2
-from services.edge.tenants import Limits, Tenant, TenantPatch, Tier, valid_tenant_id
+from services.edge.tenancy.tenants import Limits, Tenant, TenantPatch, Tier, valid_tenant_id
 
 
 @pytest.mark.parametrize(

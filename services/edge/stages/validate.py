@@ -1,10 +1,6 @@
-"""The chat pipeline's middle stages: authenticate, validate, route.
-
-Each is a small class built with its dependencies (keyword-only), so tests assemble real
-stages around real Redis and real gRPC servers. See :mod:`services.edge.pipeline` for the
-order; the connection guard lives in :mod:`services.edge.guard`, admission in
-:mod:`services.edge.admit`, the terminal stage in :mod:`services.edge.respond`.
-"""
+"""The ``validate`` stage: read the body (bounded in size and time), parse it into an OpenAI
+chat request (a 400 names the field), apply the request limits and the tenant's model policy,
+and derive what later stages need without keeping the prompt (token estimate, session id)."""
 
 from __future__ import annotations
 
@@ -14,29 +10,13 @@ from dataclasses import dataclass
 
 from aiohttp import web
 
-from meridian.v1 import router_pb2
 from services.common.errors import InvalidRequest, ModelNotFound, PayloadTooLarge
-from services.edge.auth import Authenticator
 from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
 from services.edge.httperrors import RequestTimeout
 from services.edge.openai_types import parse_chat_request
 from services.edge.pipeline import Next
-from services.edge.prompt import estimate_prompt_tokens, prefix_hashes
-from services.edge.upstream import RouterLike
-
-
-class Authenticate:
-    """``Authorization: Bearer mk-…`` → the key's :class:`~services.edge.auth.Principal`."""
-
-    name = "authenticate"
-
-    def __init__(self, *, auth: Authenticator) -> None:
-        self._auth = auth
-
-    async def __call__(self, ctx: ChatContext, call_next: Next) -> web.StreamResponse:
-        ctx.principal = await self._auth.from_request(ctx.request)
-        return await call_next(ctx)
+from services.edge.prompt import estimate_prompt_tokens
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -131,33 +111,3 @@ def session_id(request: web.Request) -> str:
             "x-session-id must be printable ASCII", param="x-session-id", code="invalid_header"
         )
     return value
-
-
-class Route:
-    """Ask the router (or, if it is unreachable, the last known view) for ranked workers."""
-
-    name = "route"
-
-    def __init__(self, *, router: RouterLike, site: str) -> None:
-        self._router = router
-        self._site = site
-
-    async def __call__(self, ctx: ChatContext, call_next: Next) -> web.StreamResponse:
-        body = ctx.body
-        assert body is not None and ctx.principal is not None
-        tenant = ctx.principal.tenant
-        req = router_pb2.RouteRequest(
-            request_id=ctx.request_id,
-            model=body.model,
-            tenant_id=tenant.tenant_id,
-            priority=tenant.tier.priority(),
-            allowed_regions=list(tenant.allowed_regions),
-            edge_site=self._site,
-            prompt_tokens=ctx.prompt_tokens_estimate,
-            max_tokens=body.effective_max_tokens() or 0,
-            session_id=ctx.session_id,
-            prefix_hashes=prefix_hashes(body),
-        )
-        ctx.route_request = req
-        ctx.route = await self._router.route(req)
-        return await call_next(ctx)

@@ -28,11 +28,11 @@ from aiohttp import web
 from services.common.clock import Clock
 from services.common.errors import AuthenticationFailed, PermissionDenied, Unavailable
 from services.common.logs import event
-from services.edge.apikeys import KeyHasher, KeyRecord, looks_like_key
 from services.edge.breaker import Breaker
 from services.edge.counters import EdgeCounters
-from services.edge.directory import EVENTS_CHANNEL, Directory
-from services.edge.tenants import Limits, Tenant
+from services.edge.tenancy.apikeys import KeyHasher, KeyRecord, looks_like_key
+from services.edge.tenancy.directory import EVENTS_CHANNEL, Directory
+from services.edge.tenancy.tenants import Limits, Tenant
 
 log = logging.getLogger("meridian.edge.auth")
 

@@ -1,5 +1,5 @@
-"""The terminal stage: open the token stream (with failover) and answer the client, as SSE
-chunks or as one ``chat.completion`` object.
+"""The ``stream`` stage, terminal: open the token stream (with failover) and answer the
+client, as SSE chunks or as one ``chat.completion`` object.
 
 Streaming: HTTP headers are committed when the first token arrives, so anything that fails
 before that is a proper HTTP error. If the first token takes longer than
@@ -27,7 +27,6 @@ from services.common.errors import MeridianError
 from services.common.logs import event
 from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
-from services.edge.failover import FailoverPolicy, UpstreamStream, open_stream
 from services.edge.observability import EdgeTelemetry
 from services.edge.openai_types import ChatCompletionRequest, now_s
 from services.edge.render import (
@@ -38,42 +37,11 @@ from services.edge.render import (
     completion_body,
     sse_data,
 )
-from services.edge.upstream import RouterLike, WorkerPool
+from services.edge.upstream import protos
+from services.edge.upstream.failover import FailoverPolicy, OutcomeSink, UpstreamStream, open_stream
+from services.edge.upstream.worker_pool import WorkerPool
 
 log = logging.getLogger("meridian.edge")
-
-
-def generate_request(ctx: ChatContext) -> worker_pb2.GenerateRequest:
-    body = ctx.body
-    assert body is not None and ctx.principal is not None
-    tenant = ctx.principal.tenant
-    req = worker_pb2.GenerateRequest(
-        request_id=ctx.request_id,
-        model=body.model,
-        tenant_id=tenant.tenant_id,
-        priority=tenant.tier.priority(),
-    )
-    for m in body.messages:
-        req.messages.add(role=m.role, content=m.text(), name=m.name or "")
-    s = req.sampling
-    if body.temperature is not None:
-        s.temperature = body.temperature
-    if body.top_p is not None:
-        s.top_p = body.top_p
-    max_tokens = body.effective_max_tokens()
-    if max_tokens is not None:
-        s.max_tokens = max_tokens
-    s.stop.extend(body.stop_list())
-    if body.seed is not None:
-        s.seed = body.seed
-    if body.presence_penalty is not None:
-        s.presence_penalty = body.presence_penalty
-    if body.frequency_penalty is not None:
-        s.frequency_penalty = body.frequency_penalty
-    s.logprobs = bool(body.logprobs)
-    s.top_logprobs = body.top_logprobs or 0
-    s.ignore_eos = body.ignore_eos
-    return req
 
 
 #: Below this many unsent bytes a write does not wait for the client (aiohttp/uvloop pause
@@ -89,13 +57,15 @@ def _track_usage(ctx: ChatContext, chunk: worker_pb2.GenerateChunk) -> None:
     ctx.tokens_used = chunk.usage.prompt_tokens + chunk.usage.completion_tokens
 
 
-class Respond:
+class Stream:
+    """The terminal stage (see the module docstring)."""
+
     name = "stream"
 
     def __init__(
         self,
         *,
-        router: RouterLike,
+        router: OutcomeSink,
         workers: WorkerPool,
         policy: FailoverPolicy,
         counters: EdgeCounters,
@@ -114,14 +84,19 @@ class Respond:
         self._write_timeout_s = write_timeout_s
 
     async def __call__(self, ctx: ChatContext) -> web.StreamResponse:
-        assert ctx.body is not None and ctx.route is not None and ctx.route_request is not None
+        assert ctx.body is not None and ctx.route is not None and ctx.reroute is not None
+
+        def generate(request_id: str, decision_id: str) -> worker_pb2.GenerateRequest:
+            return protos.generate_request(ctx, request_id=request_id, decision_id=decision_id)
+
         opening = asyncio.ensure_future(
             open_stream(
-                router=self._router,
-                workers=self._workers,
-                route_request=ctx.route_request,
                 first_route=ctx.route,
-                generate=generate_request(ctx),
+                reroute=ctx.reroute,
+                outcomes=self._router,
+                workers=self._workers,
+                request_id=ctx.request_id,
+                generate=generate,
                 policy=self._policy,
                 tracer=self._telemetry.tracer,
             )

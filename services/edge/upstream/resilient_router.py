@@ -34,7 +34,7 @@ from services.common.clock import Clock
 from services.common.errors import MeridianError
 from services.common.logs import event
 from services.edge.counters import EdgeCounters
-from services.edge.upstream import RouterClient, RouteResult, RouterUnreachable
+from services.edge.upstream.router_client import RouterClient, RouteResult, RouterUnreachable
 
 log = logging.getLogger("meridian.edge.routeview")
 

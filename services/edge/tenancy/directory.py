@@ -1,14 +1,14 @@
 """Tenants and API keys in Redis: create, read, list, update, rotate, revoke.
 
 Used by the admin API, the local stack's bootstrap and the tests; the request path only reads
-(see :mod:`services.edge.auth`). Every change that could make a cached verdict wrong is
+(see :mod:`services.edge.tenancy.auth`). Every change that could make a cached verdict wrong is
 published on :data:`EVENTS_CHANNEL`, so every edge replica drops it at once (their short cache
 TTL is the backstop if a message is lost).
 
 Redis layout (``meridian:`` prefix)::
 
     tenants                  set     tenant ids
-    tenant:{id}              string  the tenant, JSON (services.edge.tenants.Tenant)
+    tenant:{id}              string  the tenant, JSON (services.edge.tenancy.tenants.Tenant)
     tenant:{id}:keys         set     key ids of the tenant
     apikey:{digest}          hash    key_id, tenant, name, created_ms, [expires_ms],
                                      [revoked_ms], [limits]   (digest = HMAC-SHA256, hex)
@@ -25,9 +25,9 @@ from redis.typing import EncodableT, FieldT
 
 from services.common.clock import Clock
 from services.common.errors import InvalidRequest, NotFound
-from services.edge.apikeys import KEY_ID_CHARS, KeyHasher, KeyRecord, new_raw_key
 from services.edge.httperrors import Conflict
-from services.edge.tenants import Limits, Tenant, TenantPatch, valid_tenant_id
+from services.edge.tenancy.apikeys import KEY_ID_CHARS, KeyHasher, KeyRecord, new_raw_key
+from services.edge.tenancy.tenants import Limits, Tenant, TenantPatch, valid_tenant_id
 
 NS = "meridian:"
 EVENTS_CHANNEL = f"{NS}auth:events"

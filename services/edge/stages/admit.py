@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from aiohttp import web
 
-from services.edge.auth import Principal
 from services.edge.context import ChatContext
 from services.edge.pipeline import Next
 from services.edge.ratelimit.limiter import RateLimiter, RateLimitExceeded
 from services.edge.ratelimit.types import Ask, Scope
+from services.edge.tenancy.auth import Principal
 
 
 def scopes_for(principal: Principal) -> tuple[Scope, ...]:

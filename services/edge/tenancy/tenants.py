@@ -6,8 +6,8 @@ first under load), the **models** it may use (empty: all), the **regions** that 
 per minute, tokens per minute and concurrent streams — for the tenant as a whole and for each
 of its keys (a key may override its tenant's per-key limits). ``None`` means unlimited.
 
-Stored in Redis as one JSON document per tenant (see :mod:`services.edge.directory`); the same
-pydantic models validate the admin API's input, so a stored tenant is always a valid one.
+Stored in Redis as one JSON document per tenant (see :mod:`services.edge.tenancy.directory`);
+the same pydantic models validate the admin API's input, so a stored tenant is always valid.
 """
 
 from __future__ import annotations

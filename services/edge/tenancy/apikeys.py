@@ -23,7 +23,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from services.edge.tenants import Limits
+from services.edge.tenancy.tenants import Limits
 
 KEY_PREFIX = "mk-"
 _KEY_RE = re.compile(r"^mk-[A-Za-z0-9_-]{43}$")

@@ -1,11 +1,12 @@
-"""``python -m services.edge.keys``: manage tenants and API keys through an edge's admin API.
+"""``python -m services.edge.tenancy``: manage tenants and API keys through an edge's admin
+API.
 
     export MERIDIAN_ADMIN_TOKEN=…            # or --admin-token-file
-    python -m services.edge.keys --admin-url http://127.0.0.1:9090 \\
+    python -m services.edge.tenancy --admin-url http://127.0.0.1:9090 \\
         tenant create acme --tier high --region kr --region jp --rpm 600 --tpm 200000
-    python -m services.edge.keys key create acme --name ci
-    python -m services.edge.keys key rotate 3f2a9c01b7de --grace-s 3600
-    python -m services.edge.keys key revoke 3f2a9c01b7de
+    python -m services.edge.tenancy key create acme --name ci
+    python -m services.edge.tenancy key rotate 3f2a9c01b7de --grace-s 3600
+    python -m services.edge.tenancy key revoke 3f2a9c01b7de
 
 Every command prints the admin API's JSON answer. ``key create`` and ``key rotate`` print the
 raw key once (field ``key``); it is stored nowhere. Errors go to stderr, exit code 1.
@@ -24,7 +25,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
-from services.edge.tenants import Tier
+from services.edge.tenancy.tenants import Tier
 
 ADMIN_URL_ENV = "MERIDIAN_ADMIN_URL"
 ADMIN_TOKEN_ENV = "MERIDIAN_ADMIN_TOKEN"
@@ -63,7 +64,7 @@ def _admin_url(value: str) -> str:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m services.edge.keys",
+        prog="python -m services.edge.tenancy",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )

@@ -3,9 +3,9 @@
 The router's ranked candidates are tried in order. A worker that fails *before its first
 token* (connection refused, draining, overloaded, crashed, too slow to start) costs the client
 nothing: the next candidate is tried, and when the list runs out the router is asked once more
-with the tried workers excluded. Errors that no other worker would fix (a bad request) end the
-attempt at once. After the first token the stream belongs to that worker; a failure then is
-reported to the client as a stream error.
+(``reroute``) with the tried workers excluded. Errors that no other worker would fix (a bad
+request) end the attempt at once. After the first token the stream belongs to that worker;
+a failure then is reported to the client as a stream error.
 
 Every attempt's outcome is reported to the router (fire and forget, batched by the router
 client): it releases the request's in-flight slot at once (short requests would otherwise count
@@ -21,8 +21,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import grpc
 from opentelemetry import trace
@@ -41,7 +42,9 @@ from services.common.errors import (
 )
 from services.common.logs import event
 from services.common.tracecontext import inject_metadata
-from services.edge.upstream import GenerateCall, RouteResult, RouterLike, WorkerPool
+from services.edge.context import Reroute
+from services.edge.upstream.router_client import RouteResult
+from services.edge.upstream.worker_pool import GenerateCall, WorkerPool
 
 log = logging.getLogger("meridian.edge.failover")
 
@@ -71,7 +74,7 @@ class UpstreamStream:
         candidate: router_pb2.Candidate,
         decision_id: str,
         attempts: int,
-        router: RouterLike,
+        outcomes: OutcomeSink,
         idle_timeout_s: float,
         started: float,
         span: trace.Span,
@@ -82,7 +85,7 @@ class UpstreamStream:
         self.candidate = candidate
         self.decision_id = decision_id
         self.attempts = attempts
-        self._router = router
+        self._outcomes = outcomes
         self._idle_timeout_s = idle_timeout_s
         self.first_token_at = self.last_token_at = time.monotonic()
         self.ttft_ms = (self.first_token_at - started) * 1000
@@ -156,7 +159,7 @@ class UpstreamStream:
         self._span.set_attribute(mn.OUTCOME, router_pb2.Outcome.Name(outcome))
         if outcome == router_pb2.OUTCOME_FAILED:
             self._span.set_status(Status(StatusCode.ERROR, "worker failed mid-stream"))
-        self._router.report_outcome(
+        self._outcomes.report_outcome(
             router_pb2.OutcomeReport(
                 decision_id=self.decision_id,
                 worker_id=self.candidate.worker_id,
@@ -174,20 +177,36 @@ def _stream_error(err: grpc.aio.AioRpcError) -> MeridianError:
     return from_grpc(err.code(), err.details(), err.trailing_metadata())
 
 
+class OutcomeSink(Protocol):
+    """Where attempt outcomes go (the router, batched and fire-and-forget)."""
+
+    def report_outcome(self, report: router_pb2.OutcomeReport) -> None: ...
+
+
+#: The Generate request of one attempt: ``(request_id, decision_id) -> fresh proto``
+#: (services/edge/upstream/protos.generate_request, bound to the request).
+GenerateFactory = Callable[[str, str], worker_pb2.GenerateRequest]
+
+
 async def open_stream(
     *,
-    router: RouterLike,
-    workers: WorkerPool,
-    route_request: router_pb2.RouteRequest,
     first_route: RouteResult,
-    generate: worker_pb2.GenerateRequest,
+    reroute: Reroute,
+    outcomes: OutcomeSink,
+    workers: WorkerPool,
+    request_id: str,
+    generate: GenerateFactory,
     policy: FailoverPolicy,
     tracer: trace.Tracer | None = None,
 ) -> UpstreamStream:
-    """Try candidates until one produces a first token; see the module docstring."""
+    """Try candidates until one produces a first token; see the module docstring.
+
+    Flow is one way: the route stage's ranking comes in, new rankings come from ``reroute``
+    (never by editing a request someone else built), and each attempt gets a fresh Generate
+    request from ``generate`` — the first under ``request_id``, retries as
+    ``request_id.N``."""
     tracer = tracer or _NO_TRACER
     started = time.monotonic()
-    base_id = generate.request_id
     tried: list[str] = []
     last_error: MeridianError | None = None
     route = first_route
@@ -198,14 +217,14 @@ async def open_stream(
             if cand.worker_id in tried:
                 continue
             tried.append(cand.worker_id)
-            generate.request_id = base_id if len(tried) == 1 else f"{base_id}.{len(tried)}"
+            attempt_id = request_id if len(tried) == 1 else f"{request_id}.{len(tried)}"
             try:
                 return await _attempt(
-                    router=router,
+                    outcomes=outcomes,
                     workers=workers,
                     cand=cand,
                     decision_id=route.decision_id,
-                    generate=generate,
+                    generate=generate(attempt_id, route.decision_id),
                     policy=policy,
                     attempts=len(tried),
                     started=started,
@@ -219,16 +238,15 @@ async def open_stream(
                     log,
                     "attempt.failed",
                     level=logging.WARNING,
-                    request_id=base_id,
+                    request_id=request_id,
                     worker_id=cand.worker_id,
                     region=cand.region,
                     error=err.message,
                 )
         if not policy.reroute or len(tried) >= policy.max_attempts:
             break
-        route_request.exclude_worker_ids[:] = tried
         try:
-            route = await router.route(route_request)
+            route = await reroute(tuple(tried))
         except MeridianError as err:
             last_error = last_error or err
             break
@@ -243,7 +261,7 @@ async def open_stream(
 
 async def _attempt(
     *,
-    router: RouterLike,
+    outcomes: OutcomeSink,
     workers: WorkerPool,
     cand: router_pb2.Candidate,
     decision_id: str,
@@ -270,7 +288,6 @@ async def _attempt(
         # Unsampled request: nothing to record, but the worker must still get the trace
         # context (with its "not sampled" flag) so that it does not start a trace of its own.
         span = trace.NonRecordingSpan(request_span.get_span_context())
-    generate.decision_id = decision_id
     metadata = inject_metadata(trace.set_span_in_context(span))
     call = workers.generate(cand.address, generate, timeout_s=None, metadata=metadata)
     # What to tell the router if this attempt does not become a stream.
@@ -288,7 +305,7 @@ async def _attempt(
             candidate=cand,
             decision_id=decision_id,
             attempts=attempts,
-            router=router,
+            outcomes=outcomes,
             idle_timeout_s=policy.stream_idle_timeout_s,
             started=started,
             span=span,
@@ -311,7 +328,7 @@ async def _attempt(
             call.cancel()
             span.set_status(Status(StatusCode.ERROR))
             span.end()
-            router.report_outcome(
+            outcomes.report_outcome(
                 router_pb2.OutcomeReport(
                     decision_id=decision_id, worker_id=cand.worker_id, outcome=outcome
                 )

@@ -1,9 +1,5 @@
-"""The edge's clients for its two upstreams: the router (decisions) and the workers (tokens).
-
-``RouterClient`` asks for a ranked list of candidates and reports outcomes back without
-waiting for them. ``WorkerPool`` keeps one gRPC channel per worker address, so every request
-after the first to a worker reuses a warm HTTP/2 connection.
-"""
+"""The edge's client for the router (decisions): ``RouterClient`` asks for a ranked list of
+candidates and reports outcomes back without waiting for them (batched)."""
 
 from __future__ import annotations
 
@@ -15,16 +11,13 @@ from typing import Protocol
 
 import grpc
 
-from meridian.v1 import router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
+from meridian.v1 import router_pb2, router_pb2_grpc
 from services.common.errors import MeridianError, Unavailable, from_grpc
 from services.common.grpcutil import insecure_channel
 from services.common.logs import event
 from services.common.tracecontext import inject_metadata
 
 log = logging.getLogger("meridian.edge.upstream")
-
-
-GenerateCall = grpc.aio.UnaryStreamCall[worker_pb2.GenerateRequest, worker_pb2.GenerateChunk]
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +33,8 @@ class RouterUnreachable(Unavailable):
 
 class RouterLike(Protocol):
     """What the pipeline needs from a router: :class:`RouterClient`, or the edge's
-    :class:`~services.edge.routeview.ResilientRouter` that falls back to the last view."""
+    :class:`~services.edge.upstream.resilient_router.ResilientRouter` that falls back to the
+    router's last view."""
 
     async def route(self, request: router_pb2.RouteRequest) -> RouteResult: ...
 
@@ -153,32 +147,3 @@ def _router_error(err: grpc.aio.AioRpcError) -> MeridianError:
         event(log, "router.unreachable", level=logging.DEBUG, code=code.name)
         return RouterUnreachable("the router is unreachable; try again shortly", retry_after_s=1.0)
     return from_grpc(code, err.details(), err.trailing_metadata())
-
-
-class WorkerPool:
-    """One channel per worker address, created on first use and kept."""
-
-    def __init__(self) -> None:
-        self._stubs: dict[str, tuple[grpc.aio.Channel, worker_pb2_grpc.WorkerStub]] = {}
-
-    def generate(
-        self,
-        address: str,
-        request: worker_pb2.GenerateRequest,
-        *,
-        timeout_s: float | None,
-        metadata: tuple[tuple[str, str], ...] = (),
-    ) -> GenerateCall:
-        entry = self._stubs.get(address)
-        if entry is None:
-            channel = insecure_channel(address)
-            entry = (channel, worker_pb2_grpc.WorkerStub(channel))
-            self._stubs[address] = entry
-        call: GenerateCall = entry[1].Generate(
-            request, timeout=timeout_s, metadata=metadata or None
-        )
-        return call
-
-    async def close(self) -> None:
-        stubs, self._stubs = self._stubs, {}
-        await asyncio.gather(*(ch.close(grace=None) for ch, _ in stubs.values()))
