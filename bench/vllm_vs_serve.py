@@ -60,11 +60,12 @@ import aiohttp
 import redis.asyncio as aioredis
 
 from services.common.clock import SYSTEM_CLOCK
+from services.common.net import free_port
 from services.edge.tenancy.apikeys import KeyHasher, load_pepper, new_pepper
 from services.edge.tenancy.directory import Directory
 from services.edge.tenancy.tenants import Tenant
 from services.localstack.procs import ManagedProcess, ProcessFailed
-from services.localstack.redis_server import RedisServer, free_port
+from services.localstack.redis_server import RedisServer
 from services.worker.vllm.tinymodel import build_tiny_model
 
 MODEL = "tiny-llama"

@@ -1,9 +1,11 @@
-"""Network address parsing shared by every CLI that takes ``HOST:PORT``."""
+"""Network addresses shared by every service: ``HOST:PORT`` parsing for CLIs, URL masking for
+people, and a free local port for launchers and tests."""
 
 from __future__ import annotations
 
 import ipaddress
 import re
+import socket
 from urllib.parse import urlsplit, urlunsplit
 
 _HOST_RE = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9.-]{0,251}[A-Za-z0-9])?$")
@@ -33,3 +35,12 @@ def redact_url(url: str) -> str:
     user = parts.username or ""
     host = parts.netloc.rpartition("@")[2]
     return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nothing listens on right now (the OS picks it). Another process may take it
+    before the caller binds it; launchers and tests that need a port *before* starting a
+    server accept that small race."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

@@ -5,20 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import shutil
-import socket
 import time
 from pathlib import Path
 
 import redis.asyncio as aioredis
 import redis.exceptions
 
+from services.common.net import free_port
 from services.localstack.procs import ManagedProcess, ProcessFailed
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 class RedisServer:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
+from services.common.clock import SYSTEM_CLOCK, Clock
 from services.netem.config import LinkProfile, Route
 from services.netem.proxy import DelayProxy
 from services.worker.sim import SimConfig, SimEngine
@@ -49,7 +50,9 @@ class Stack:
         return f"{self.edge.url}/v1"
 
 
-async def start_stack(redis_url: str, **sim: object) -> Stack:
+async def start_stack(redis_url: str, *, clock: Clock = SYSTEM_CLOCK, **sim: object) -> Stack:
+    """The stack; ``clock`` is the edge's (a ``ManualClock`` makes its TTLs, breaker and
+    limit windows move only when the test says so)."""
     workers: dict[str, RunningWorker] = {}
     proxies: dict[str, DelayProxy] = {}
     for region, one_way_ms in REGIONS.items():
@@ -69,7 +72,7 @@ async def start_stack(redis_url: str, **sim: object) -> Stack:
         proxies[name] = proxy
     router = await start_router([f"{p.host}:{p.port}" for p in proxies.values()])
     await router.wait_healthy(len(workers))
-    edge = await start_edge(redis_url=redis_url, router_address=router.address)
+    edge = await start_edge(redis_url=redis_url, router_address=router.address, clock=clock)
     key = await edge.new_key("acme")
     return Stack(workers, proxies, router, edge, key)
 

@@ -13,11 +13,10 @@ import aiohttp
 import pytest
 
 from services.edge.guard import GuardConfig
-from services.edge.server import EdgeConfig
 from services.edge.stages.validate import RequestLimits
-from services.edge.upstream.failover import FailoverPolicy
 from tests.integration.conftest import MODEL, Stack
-from tests.support.inproc import TEST_ADMIN_TOKEN, RunningEdge, start_edge
+from tests.support.builders import TEST_ADMIN_TOKEN, edge_config
+from tests.support.inproc import RunningEdge, start_edge
 from tests.support.wait import eventually
 
 
@@ -26,12 +25,7 @@ async def strict(stack: Stack, redis_url: str) -> AsyncIterator[RunningEdge]:
     edge = await start_edge(
         redis_url=redis_url,
         router_address=stack.router.address,
-        config=EdgeConfig(
-            port=0,
-            plain_http=True,
-            admin_port=0,
-            admin_token=TEST_ADMIN_TOKEN,
-            failover=FailoverPolicy(first_token_timeout_s=10.0),
+        config=edge_config(
             guard=GuardConfig(body_timeout_s=0.3, write_timeout_s=0.5, max_streams_per_ip=2),
             request_limits=RequestLimits(max_messages=3, max_prompt_chars=100),
         ),

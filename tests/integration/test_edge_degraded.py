@@ -17,17 +17,12 @@ from pathlib import Path
 import aiohttp
 import pytest
 
+from services.common.clock import ManualClock
 from services.edge.ratelimit.limiter import FailureMode, RateLimitConfig
-from services.edge.server import EdgeConfig
 from services.edge.tenancy.tenants import Limits
-from services.edge.upstream.failover import FailoverPolicy
 from tests.integration.conftest import MODEL, Stack, start_stack, stop_stack
-from tests.support.inproc import (
-    TEST_ADMIN_TOKEN,
-    RunningEdge,
-    start_edge,
-    start_router,
-)
+from tests.support.builders import edge_config
+from tests.support.inproc import RunningEdge, start_edge, start_router
 from tests.support.redis_proc import RedisProcess
 from tests.support.wait import eventually
 
@@ -52,6 +47,7 @@ class RedisOutage:
     server: RedisProcess
     stack: Stack
     closed: RunningEdge  # fails closed; stack.edge fails open
+    clock: ManualClock  # both edges': cache TTLs and the breaker move only when told
 
     async def stop_redis(self) -> None:
         await self.stack.edge.redis.save()  # the restarted server comes back with its data
@@ -65,20 +61,17 @@ class RedisOutage:
 async def outage(tmp_path: Path) -> AsyncIterator[RedisOutage]:
     server = RedisProcess(tmp_path / "redis")
     server.start()
-    stack = await start_stack(server.url)
+    clock = ManualClock()
+    stack = await start_stack(server.url, clock=clock)
     closed = await start_edge(
         redis_url=server.url,
         router_address=stack.router.address,
-        config=EdgeConfig(
-            port=0,
-            plain_http=True,
-            admin_port=0,
-            admin_token=TEST_ADMIN_TOKEN,
+        clock=clock,
+        config=edge_config(
             ratelimit=RateLimitConfig(failure_mode=FailureMode.CLOSED),
-            failover=FailoverPolicy(first_token_timeout_s=10.0),
         ),
     )
-    yield RedisOutage(server, stack, closed)
+    yield RedisOutage(server, stack, closed, clock)
     await closed.stop()
     await stop_stack(stack)
     server.stop()
@@ -93,7 +86,7 @@ async def test_redis_down_fail_open_serves_known_keys_with_local_limits_then_rec
     assert (await ask(edge, outage.stack.key))[0] == 200
     assert (await ask(edge, limited))[0] == 200  # 1 of 5 in Redis's window
     await outage.stop_redis()
-    await asyncio.sleep(2.1)  # past the fresh cache TTL: the keys are served stale now
+    outage.clock.advance(2.1)  # past the fresh cache TTL: the keys are served stale now
 
     assert (await ask(edge, outage.stack.key))[0] == 200  # verified recently: still served
     statuses = [(await ask(edge, limited))[0] for _ in range(7)]
@@ -105,7 +98,7 @@ async def test_redis_down_fail_open_serves_known_keys_with_local_limits_then_rec
     assert counters.auth_unavailable == 1
 
     outage.start_redis()
-    await asyncio.sleep(1.1)  # the breaker's open period: the next call tries Redis again
+    outage.clock.advance(1.1)  # the breaker's open period: the next call tries Redis again
     assert (await ask(edge, unknown))[0] == 200
     fail_open = counters.limiter_fail_open
     statuses = [(await ask(edge, limited))[0] for _ in range(5)]
@@ -118,7 +111,7 @@ async def test_redis_down_fail_closed_answers_503_then_recovers(outage: RedisOut
     limited = await edge.new_key("limited", limits=Limits(rpm=100))
     assert (await ask(edge, limited))[0] == 200
     await outage.stop_redis()
-    await asyncio.sleep(2.1)  # past the fresh cache TTL: only Redis could vouch for the key
+    outage.clock.advance(2.1)  # past the fresh cache TTL: only Redis could vouch for the key
     status, headers = await ask(edge, limited)
     assert status == 503
     assert headers["Retry-After"] == "1"
@@ -126,7 +119,7 @@ async def test_redis_down_fail_closed_answers_503_then_recovers(outage: RedisOut
     assert status == 503
     assert edge.counters.auth_unavailable >= 1
     outage.start_redis()
-    await asyncio.sleep(1.1)
+    outage.clock.advance(1.1)  # the breaker's open period
     assert (await ask(edge, limited))[0] == 200
     assert (await ask(edge, outage.stack.key))[0] == 200
 

@@ -11,7 +11,8 @@ import pytest
 
 from services.edge.tenancy.tenants import Tenant, TenantPatch
 from tests.integration.conftest import MODEL, Stack
-from tests.support.inproc import TEST_ADMIN_TOKEN, RunningEdge, start_edge
+from tests.support.builders import TEST_ADMIN_TOKEN
+from tests.support.inproc import RunningEdge, start_edge
 
 HELLO = {"model": MODEL, "messages": [{"role": "user", "content": "hello"}], "max_tokens": 2}
 

@@ -16,7 +16,7 @@ import redis.asyncio as aioredis
 from services.common.logs import JsonFormatter
 from services.edge.tenancy.tenants import Limits
 from tests.integration.conftest import MODEL, Stack
-from tests.support.inproc import TEST_ADMIN_TOKEN
+from tests.support.builders import TEST_ADMIN_TOKEN
 
 
 async def redis_dump(client: aioredis.Redis) -> bytes:

@@ -15,10 +15,10 @@ import aiohttp
 import pytest
 import redis.asyncio as aioredis
 
+from services.common.net import free_port
 from services.edge.tenancy.tenants import Limits
 from tests.integration.conftest import MODEL, Stack
 from tests.support.inproc import TEST_PEPPER, start_edge
-from tests.support.redis_proc import free_port
 from tests.support.wait import eventually
 
 LONG = {

@@ -12,11 +12,10 @@ import openai
 import pytest
 
 from services.edge.selfsigned import write_self_signed
-from services.edge.server import EdgeConfig
 from services.edge.tls import TlsConfig
-from services.edge.upstream.failover import FailoverPolicy
 from tests.integration.conftest import MODEL, Stack
-from tests.support.inproc import TEST_ADMIN_TOKEN, RunningEdge, start_edge
+from tests.support.builders import edge_config
+from tests.support.inproc import RunningEdge, start_edge
 
 
 @pytest.fixture
@@ -28,13 +27,7 @@ async def tls_edge(
     edge = await start_edge(
         redis_url=redis_url,
         router_address=stack.router.address,
-        config=EdgeConfig(
-            port=0,
-            tls=TlsConfig(cert_file=cert, key_file=key),
-            admin_port=0,
-            admin_token=TEST_ADMIN_TOKEN,
-            failover=FailoverPolicy(first_token_timeout_s=10.0),
-        ),
+        config=edge_config(plain_http=False, tls=TlsConfig(cert_file=cert, key_file=key)),
     )
     yield edge, cert
     await edge.stop()

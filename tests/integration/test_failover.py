@@ -122,8 +122,8 @@ async def nothing_else(exclude: Sequence[str]) -> RouteResult:
 
 async def test_failover_tries_the_next_candidate_before_the_first_token(stack: Stack) -> None:
     """A candidate nobody listens on (a dead host) is skipped; the client never sees it."""
+    from services.common.net import free_port
     from services.edge.upstream.failover import FailoverPolicy, open_stream
-    from tests.support.redis_proc import free_port
 
     dead = router_pb2.Candidate(
         worker_id="ghost-1", region="kr", address=f"127.0.0.1:{free_port()}"

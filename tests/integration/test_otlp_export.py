@@ -16,10 +16,10 @@ from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
 from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind
 
+from services.common.net import free_port
 from services.common.tracing.otlp_grpc import LeanOtlpSpanExporter
 from services.common.tracing.tracer import LeanTracer
 from tests.support.otlp import OtlpReceiver
-from tests.support.redis_proc import free_port
 
 
 def some_spans() -> tuple[ReadableSpan, ...]:

@@ -14,10 +14,9 @@ from typing import Any, TypeVar
 import pytest
 
 from services.edge.guard import GuardConfig
-from services.edge.server import EdgeConfig
-from services.edge.upstream.failover import FailoverPolicy
 from tests.integration.conftest import Stack, start_stack, stop_stack
-from tests.support.inproc import TEST_ADMIN_TOKEN, start_edge
+from tests.support.builders import edge_config
+from tests.support.inproc import start_edge
 from tests.support.redis_proc import RedisProcess
 
 T = TypeVar("T")
@@ -55,12 +54,7 @@ async def _start(redis_url: str) -> Stack:
     stack.edge = await start_edge(
         redis_url=redis_url,
         router_address=stack.router.address,
-        config=EdgeConfig(
-            port=0,
-            plain_http=True,
-            admin_port=0,
-            admin_token=TEST_ADMIN_TOKEN,
-            failover=FailoverPolicy(first_token_timeout_s=10.0),
+        config=edge_config(
             guard=GuardConfig(ip_requests_per_s=0, header_timeout_s=5.0, body_timeout_s=5.0),
         ),
     )

@@ -35,6 +35,7 @@ from services.router.watcher import WatchConfig
 from services.worker.engine import Engine
 from services.worker.server import WorkerConfig, WorkerServer
 from services.worker.service import WorkerService
+from tests.support.builders import edge_config
 
 REPO = Path(__file__).resolve().parents[2]
 DEFAULT_PROFILE = REPO / "deploy/router/profiles/default.yaml"
@@ -193,9 +194,8 @@ async def start_router(
     return RunningRouter(server)
 
 
-#: The in-process edges' key pepper and admin token (tests only).
+#: The in-process edges' key pepper (tests only); their admin token is ``TEST_ADMIN_TOKEN``.
 TEST_PEPPER = b"meridian-test-pepper-not-secret"
-TEST_ADMIN_TOKEN = "meridian-test-admin-token"
 
 
 @dataclass
@@ -244,12 +244,7 @@ async def start_edge(
     unless ``config`` says otherwise; ``policy``, ``keepalive_after_s`` and
     ``max_body_bytes`` apply only when no ``config`` is given."""
     if config is None:
-        config = EdgeConfig(
-            port=0,
-            site="test",
-            plain_http=True,
-            admin_port=0,
-            admin_token=TEST_ADMIN_TOKEN,
+        config = edge_config(
             failover=policy or FailoverPolicy(first_token_timeout_s=10.0),
             request_limits=RequestLimits(max_body_bytes=max_body_bytes),
             keepalive_after_s=keepalive_after_s,

@@ -14,9 +14,10 @@ import aiohttp
 import pytest
 
 from services.common.errors import AuthenticationFailed
+from services.common.net import free_port
 from services.edge.tenancy.cli import build_parser as build_keys_parser
-from tests.support.inproc import TEST_ADMIN_TOKEN, RunningEdge, start_edge
-from tests.support.redis_proc import free_port
+from tests.support.builders import TEST_ADMIN_TOKEN
+from tests.support.inproc import RunningEdge, start_edge
 from tests.support.wait import eventually
 
 AUTH = {"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"}

@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 
 from services.common.clock import ManualClock
 from services.common.errors import Unavailable
+from services.common.net import free_port
 from services.edge.breaker import Breaker
 from services.edge.counters import EdgeCounters
 from services.edge.ratelimit.limiter import (
@@ -24,7 +25,6 @@ from services.edge.ratelimit.redis_backend import RedisBackend, scope_keys
 from services.edge.ratelimit.types import Ask, Scope
 from services.edge.ratelimit.window import LocalBackend
 from services.edge.tenancy.tenants import Limits
-from tests.support.redis_proc import free_port
 
 
 @pytest.fixture

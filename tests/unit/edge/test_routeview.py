@@ -8,6 +8,7 @@ import pytest
 
 from meridian.v1 import router_pb2, worker_pb2
 from services.common.clock import ManualClock
+from services.common.net import free_port
 from services.edge.counters import EdgeCounters
 from services.edge.upstream.resilient_router import (
     ResilientRouter,
@@ -16,7 +17,6 @@ from services.edge.upstream.resilient_router import (
     rank_locally,
 )
 from services.edge.upstream.router_client import RouterClient, RouterUnreachable
-from tests.support.redis_proc import free_port
 
 READY = worker_pb2.MODEL_STATE_READY
 

@@ -3,20 +3,13 @@ and the one-line account of what removed the workers."""
 
 from __future__ import annotations
 
-import random
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
 from services.router.scheduling.filters.admission import AdmissionFilter
 from services.router.scheduling.filters.exclude import ExcludeFilter
-from services.router.scheduling.filters.healthy import HealthyFilter
-from services.router.scheduling.filters.model import ModelReadyFilter
-from services.router.scheduling.filters.residency import ResidencyFilter
-from services.router.scheduling.framework import SchedulerProfile, WeightedScorer
-from services.router.scheduling.pickers.max_score import MaxScorePicker
-from services.router.scheduling.plugin import Filter
+from services.router.scheduling.framework import WeightedScorer
 from services.router.scheduling.scorers.kv_cache import KvCacheScorer
 from services.router.scheduling.types import (
     ModelState,
@@ -26,31 +19,7 @@ from services.router.scheduling.types import (
     RouteQuery,
     WorkerSnapshot,
 )
-
-READY = (ModelStatus("m", ModelState.READY),)
-
-
-def w(worker_id: str, **kw: Any) -> WorkerSnapshot:
-    fields: dict[str, Any] = {"region": "eu", "address": f"{worker_id}:1", "models": READY}
-    fields.update(kw)
-    return WorkerSnapshot(worker_id=worker_id, **fields)
-
-
-def q(**kw: Any) -> RouteQuery:
-    return RouteQuery(request_id="r", **{"model": "m", **kw})
-
-
-def scheduler(
-    *scorers: WeightedScorer, filters: Sequence[Filter] = (), k: int = 3, seed: int = 1
-) -> SchedulerProfile:
-    base: list[Filter] = [ResidencyFilter(), ModelReadyFilter(), HealthyFilter()]
-    return SchedulerProfile(
-        filters=[*base, *filters],
-        scorers=scorers,
-        picker=MaxScorePicker(max_candidates=k),
-        rng=random.Random(seed),
-    )
-
+from tests.support.builders import profile, q, w
 
 # --- empty decisions ------------------------------------------------------------------------
 
@@ -118,7 +87,7 @@ def test_empty_decisions_are_classified(
     reason: NoCandidate,
     retry: float | None,
 ) -> None:
-    s = scheduler(
+    s = profile(
         WeightedScorer(KvCacheScorer(), 1),
         filters=[AdmissionFilter(retry_after_s=2.5), ExcludeFilter()],
     )
@@ -132,7 +101,7 @@ def test_empty_decisions_are_classified(
 
 
 def test_empty_explanation_counts_rejections_per_filter_with_an_example() -> None:
-    s = scheduler(WeightedScorer(KvCacheScorer(), 1), filters=[AdmissionFilter()])
+    s = profile(WeightedScorer(KvCacheScorer(), 1), filters=[AdmissionFilter()])
     decision = s.schedule(
         q(priority=Priority.LOW), [full("a"), full("b"), w("c", healthy=False, health_detail="x")]
     )
@@ -145,7 +114,7 @@ def test_empty_explanation_counts_rejections_per_filter_with_an_example() -> Non
 
 
 def test_repeated_empty_decisions_follow_worker_changes() -> None:
-    s = scheduler(WeightedScorer(KvCacheScorer(), 1), filters=[AdmissionFilter()])
+    s = profile(WeightedScorer(KvCacheScorer(), 1), filters=[AdmissionFilter()])
     rows = [full("a"), full("b")]
     low = q(priority=Priority.LOW)
     assert s.schedule(low, rows).empty_reason is NoCandidate.SATURATED

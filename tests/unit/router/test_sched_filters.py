@@ -22,18 +22,7 @@ from services.router.scheduling.types import (
     RouteQuery,
     WorkerSnapshot,
 )
-
-READY = (ModelStatus("m", ModelState.READY),)
-
-
-def w(worker_id: str, **kw: object) -> WorkerSnapshot:
-    fields: dict[str, object] = {"region": "eu", "address": "a:1", "models": READY}
-    fields.update(kw)
-    return WorkerSnapshot(worker_id=worker_id, **fields)  # type: ignore[arg-type]
-
-
-def q(**kw: object) -> RouteQuery:
-    return RouteQuery(request_id="r", **{"model": "m", **kw})  # type: ignore[arg-type]
+from tests.support.builders import q, w
 
 
 def run(

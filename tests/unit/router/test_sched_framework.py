@@ -5,23 +5,18 @@ interfaces), never mocks."""
 from __future__ import annotations
 
 import math
-import random
 from collections import Counter
 from collections.abc import Mapping, Sequence
-from typing import Any, ClassVar, Self
+from typing import ClassVar, Self
 
 import pytest
 
 from services.router.scheduling.filters.exclude import ExcludeFilter
-from services.router.scheduling.filters.healthy import HealthyFilter
-from services.router.scheduling.filters.model import ModelReadyFilter
-from services.router.scheduling.filters.residency import ResidencyFilter
 from services.router.scheduling.framework import SchedulerProfile, WeightedScorer, clamp
 from services.router.scheduling.params import Params
 from services.router.scheduling.pickers.max_score import MaxScorePicker
 from services.router.scheduling.plugin import (
     Candidates,
-    Filter,
     Picker,
     PluginContext,
     PostPick,
@@ -39,18 +34,7 @@ from services.router.scheduling.types import (
     RouteQuery,
     WorkerSnapshot,
 )
-
-READY = (ModelStatus("m", ModelState.READY),)
-
-
-def w(worker_id: str, **kw: Any) -> WorkerSnapshot:
-    fields: dict[str, Any] = {"region": "eu", "address": f"{worker_id}:1", "models": READY}
-    fields.update(kw)
-    return WorkerSnapshot(worker_id=worker_id, **fields)
-
-
-def q(**kw: Any) -> RouteQuery:
-    return RouteQuery(request_id="r", **{"model": "m", **kw})
+from tests.support.builders import profile, q, w
 
 
 class RecordingScorer(Scorer, PostPick):
@@ -78,18 +62,6 @@ class RecordingScorer(Scorer, PostPick):
         self.observed.append(decision)
 
 
-def scheduler(
-    *scorers: WeightedScorer, filters: Sequence[Filter] = (), k: int = 3, seed: int = 1
-) -> SchedulerProfile:
-    base: list[Filter] = [ResidencyFilter(), ModelReadyFilter(), HealthyFilter()]
-    return SchedulerProfile(
-        filters=[*base, *filters],
-        scorers=scorers,
-        picker=MaxScorePicker(max_candidates=k),
-        rng=random.Random(seed),
-    )
-
-
 # --- clamping and weighting -----------------------------------------------------------------
 
 
@@ -100,7 +72,7 @@ def scheduler(
 def test_framework_clamps_every_score_to_the_unit_interval(raw: float, clamped: float) -> None:
     assert clamp(raw) == clamped
     rec = RecordingScorer({"a": raw})
-    decision = scheduler(WeightedScorer(rec, 1.0)).schedule(q(), [w("a")])
+    decision = profile(WeightedScorer(rec, 1.0)).schedule(q(), [w("a")])
     (only,) = decision.ranked
     assert only.contributions[0].score == clamped
     assert only.score == clamped
@@ -108,7 +80,7 @@ def test_framework_clamps_every_score_to_the_unit_interval(raw: float, clamped: 
 
 def test_memoised_scores_are_clamped_too() -> None:
     # loss 10 % with max 5 %: raw score -1.0, clamped to 0; queue over capacity: also 0.
-    s = scheduler(WeightedScorer(QueueScorer(), 1.0))
+    s = profile(WeightedScorer(QueueScorer(), 1.0))
     (only,) = s.schedule(q(), [w("a", running=30, max_running=10)]).ranked
     assert only.score == 0.0
     assert only.contributions[0].score == 0.0
@@ -117,7 +89,7 @@ def test_memoised_scores_are_clamped_too() -> None:
 def test_weights_are_applied_by_the_framework_as_shares_of_the_total() -> None:
     latency = WeightedScorer(LatencyScorer(tau_ms=50), 3.0)
     rec = WeightedScorer(RecordingScorer({"a": 1.0, "b": 0.0}), 1.0)
-    decision = scheduler(latency, rec).schedule(q(), [w("a", rtt_ms=50.0), w("b", rtt_ms=0.0)])
+    decision = profile(latency, rec).schedule(q(), [w("a", rtt_ms=50.0), w("b", rtt_ms=0.0)])
     by_id = {s.worker.worker_id: s for s in decision.ranked}
     # a: (3 * 0.5 + 1 * 1.0) / 4 = 0.625; b: (3 * 1.0 + 1 * 0.0) / 4 = 0.75
     assert by_id["a"].score == pytest.approx(0.625)
@@ -137,11 +109,11 @@ def test_a_scorer_without_a_positive_weight_is_a_config_error(weight: float) -> 
 
 def test_a_plugin_may_appear_once_per_profile() -> None:
     with pytest.raises(ValueError, match="'latency' appears twice"):
-        scheduler(WeightedScorer(LatencyScorer(), 1), WeightedScorer(LatencyScorer(), 2))
+        profile(WeightedScorer(LatencyScorer(), 1), WeightedScorer(LatencyScorer(), 2))
 
 
 def test_contributions_follow_profile_order_whatever_the_plugin_kind() -> None:
-    s = scheduler(
+    s = profile(
         WeightedScorer(LatencyScorer(), 1),
         WeightedScorer(RecordingScorer({"a": 0.5}), 1),
         WeightedScorer(KvCacheScorer(), 1),
@@ -155,7 +127,7 @@ def test_contributions_follow_profile_order_whatever_the_plugin_kind() -> None:
 
 
 def test_ranked_list_is_primary_then_fallbacks_best_first() -> None:
-    s = scheduler(WeightedScorer(LatencyScorer(), 1), k=3)
+    s = profile(WeightedScorer(LatencyScorer(), 1), k=3)
     rows = [
         w("far", rtt_ms=90.0),
         w("near", rtt_ms=2.0),
@@ -166,7 +138,7 @@ def test_ranked_list_is_primary_then_fallbacks_best_first() -> None:
 
 
 def test_equal_workers_share_the_next_burst() -> None:
-    s = scheduler(WeightedScorer(LatencyScorer(), 1), k=1, seed=42)
+    s = profile(WeightedScorer(LatencyScorer(), 1), k=1, seed=42)
     rows = [w(f"w{i}", rtt_ms=10.0) for i in range(4)]
     primaries = Counter(s.schedule(q(), rows).ranked[0].worker.worker_id for _ in range(2000))
     assert set(primaries) == {"w0", "w1", "w2", "w3"}
@@ -176,7 +148,7 @@ def test_equal_workers_share_the_next_burst() -> None:
 def test_ties_spread_across_many_equal_workers_too() -> None:
     """Beyond 32 candidates the framework ranks a shortlist; a crowd tied at the top must
     still share the burst (the shortlist gives way to a full scan)."""
-    s = scheduler(WeightedScorer(LatencyScorer(), 1), k=1, seed=3)
+    s = profile(WeightedScorer(LatencyScorer(), 1), k=1, seed=3)
     rows = [w(f"w{i}", rtt_ms=10.0) for i in range(100)] + [w("slow", rtt_ms=90.0)]
     primaries = Counter(s.schedule(q(), rows).ranked[0].worker.worker_id for _ in range(3000))
     assert "slow" not in primaries
@@ -188,7 +160,7 @@ def test_seeded_rng_makes_tie_breaks_reproducible() -> None:
     rows = [w(f"w{i}") for i in range(5)]
 
     def picks(seed: int) -> list[str]:
-        s = scheduler(WeightedScorer(KvCacheScorer(), 1), k=1, seed=seed)
+        s = profile(WeightedScorer(KvCacheScorer(), 1), k=1, seed=seed)
         return [s.schedule(q(), rows).ranked[0].worker.worker_id for _ in range(20)]
 
     assert picks(9) == picks(9)
@@ -199,7 +171,7 @@ def test_seeded_rng_makes_tie_breaks_reproducible() -> None:
 
 
 def test_explanation_names_the_signals_that_decided_against_the_runner_up() -> None:
-    s = scheduler(WeightedScorer(LatencyScorer(), 3), WeightedScorer(QueueScorer(), 3))
+    s = profile(WeightedScorer(LatencyScorer(), 3), WeightedScorer(QueueScorer(), 3))
     rows = [
         w("near", region="seoul", rtt_ms=2.0, running=19, max_running=20),
         w("far", region="tokyo", rtt_ms=60.0, running=2, max_running=20),
@@ -215,7 +187,7 @@ def test_explanation_names_the_signals_that_decided_against_the_runner_up() -> N
 
 
 def test_explanation_for_a_single_candidate_lists_its_contributions() -> None:
-    s = scheduler(WeightedScorer(LatencyScorer(), 1), WeightedScorer(KvCacheScorer(), 1))
+    s = profile(WeightedScorer(LatencyScorer(), 1), WeightedScorer(KvCacheScorer(), 1))
     decision = s.schedule(q(), [w("a", rtt_ms=50.0, kv_cache_usage=0.2), w("b", healthy=False)])
     line = decision.explanation
     assert line.startswith("a (eu) 0.650 was the only candidate left: ")
@@ -224,12 +196,12 @@ def test_explanation_for_a_single_candidate_lists_its_contributions() -> None:
 
 
 def test_explanation_of_a_tie() -> None:
-    s = scheduler(WeightedScorer(KvCacheScorer(), 1))
+    s = profile(WeightedScorer(KvCacheScorer(), 1))
     assert "tied with" in s.schedule(q(), [w("a"), w("b")]).explanation
 
 
 def test_rejections_say_which_filter_removed_whom_and_why() -> None:
-    s = scheduler(WeightedScorer(KvCacheScorer(), 1), filters=[ExcludeFilter()])
+    s = profile(WeightedScorer(KvCacheScorer(), 1), filters=[ExcludeFilter()])
     rows = [
         w("ok"),
         w("sick", healthy=False, health_detail="stream closed"),
@@ -250,7 +222,7 @@ def test_rejections_say_which_filter_removed_whom_and_why() -> None:
 
 
 def test_a_worker_rejected_by_several_filters_is_reported_once_by_the_first() -> None:
-    s = scheduler(WeightedScorer(KvCacheScorer(), 1))
+    s = profile(WeightedScorer(KvCacheScorer(), 1))
     decision = s.schedule(
         q(allowed_regions=frozenset({"eu"})), [w("x", region="us", healthy=False), w("y")]
     )
@@ -262,7 +234,7 @@ def test_a_worker_rejected_by_several_filters_is_reported_once_by_the_first() ->
 
 def test_every_plugin_call_is_timed_in_microseconds() -> None:
     rec = RecordingScorer({"a": 1.0})
-    s = scheduler(
+    s = profile(
         WeightedScorer(LatencyScorer(), 1), WeightedScorer(rec, 1), filters=[ExcludeFilter()]
     )
     timings = s.schedule(q(), [w("a"), w("b")]).plugin_timings_us
@@ -286,7 +258,7 @@ def test_every_plugin_call_is_timed_in_microseconds() -> None:
 
 def test_post_pick_hooks_observe_each_non_empty_decision() -> None:
     rec = RecordingScorer()
-    s = scheduler(WeightedScorer(rec, 1))
+    s = profile(WeightedScorer(rec, 1))
     first = s.schedule(q(), [w("a")])
     s.schedule(q(model="nope"), [w("a")])
     assert rec.observed == [first]
@@ -294,7 +266,7 @@ def test_post_pick_hooks_observe_each_non_empty_decision() -> None:
 
 def test_plain_scorers_see_only_the_candidates_and_may_name_others() -> None:
     rec = RecordingScorer({"a": 1.0, "ghost": 1.0})
-    s = scheduler(WeightedScorer(rec, 1), filters=[ExcludeFilter()])
+    s = profile(WeightedScorer(rec, 1), filters=[ExcludeFilter()])
     decision = s.schedule(
         q(exclude_worker_ids=frozenset({"c"})), [w("a"), w("b", healthy=False), w("c")]
     )

@@ -8,21 +8,17 @@ import dataclasses
 import random
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Self
+from typing import ClassVar, Self
 
 import pytest
 import yaml
 
 from services.common.clock import ManualClock
 from services.router.scheduling.filters.healthy import HealthyFilter
-from services.router.scheduling.filters.model import ModelReadyFilter
-from services.router.scheduling.filters.residency import ResidencyFilter
-from services.router.scheduling.framework import SchedulerProfile, WeightedScorer
+from services.router.scheduling.framework import WeightedScorer
 from services.router.scheduling.incremental import Incremental
 from services.router.scheduling.params import Params
-from services.router.scheduling.pickers.max_score import MaxScorePicker
 from services.router.scheduling.plugin import (
-    Filter,
     PluginContext,
     WorkerFilter,
 )
@@ -36,19 +32,10 @@ from services.router.scheduling.types import (
     RouteQuery,
     WorkerSnapshot,
 )
+from tests.support.builders import profile as built_profile
+from tests.support.builders import q, w
 
-READY = (ModelStatus("m", ModelState.READY),)
 DEFAULT_PROFILE = Path(__file__).resolve().parents[3] / "deploy/router/profiles/default.yaml"
-
-
-def w(worker_id: str, **kw: Any) -> WorkerSnapshot:
-    fields: dict[str, Any] = {"region": "eu", "address": f"{worker_id}:1", "models": READY}
-    fields.update(kw)
-    return WorkerSnapshot(worker_id=worker_id, **fields)
-
-
-def q(**kw: Any) -> RouteQuery:
-    return RouteQuery(request_id="r", **{"model": "m", **kw})
 
 
 class RecordingFilter(WorkerFilter[str]):
@@ -72,24 +59,12 @@ class RecordingFilter(WorkerFilter[str]):
         return ["listed" if x.worker_id in self.reject_ids else None for x in workers]
 
 
-def scheduler(
-    *scorers: WeightedScorer, filters: Sequence[Filter] = (), k: int = 3, seed: int = 1
-) -> SchedulerProfile:
-    base: list[Filter] = [ResidencyFilter(), ModelReadyFilter(), HealthyFilter()]
-    return SchedulerProfile(
-        filters=[*base, *filters],
-        scorers=scorers,
-        picker=MaxScorePicker(max_candidates=k),
-        rng=random.Random(seed),
-    )
-
-
 # --- incremental evaluation -----------------------------------------------------------------
 
 
 def test_only_changed_snapshots_are_evaluated_again() -> None:
     f = RecordingFilter()
-    s = scheduler(WeightedScorer(LatencyScorer(), 1), filters=[f])
+    s = built_profile(WeightedScorer(LatencyScorer(), 1), filters=[f])
     rows = [w(f"w{i}", rtt_ms=float(i)) for i in range(5)]
     s.schedule(q(), rows)
     assert f.batches == [["w0", "w1", "w2", "w3", "w4"]]
@@ -104,7 +79,7 @@ def test_only_changed_snapshots_are_evaluated_again() -> None:
 
 def test_a_worker_whose_verdict_flips_moves_in_and_out_of_the_candidates() -> None:
     f = RecordingFilter()
-    s = scheduler(WeightedScorer(LatencyScorer(), 1), filters=[f])
+    s = built_profile(WeightedScorer(LatencyScorer(), 1), filters=[f])
     rows = [w("a", rtt_ms=5.0), w("b", rtt_ms=1.0), w("c", rtt_ms=9.0)]
     assert [r.worker.worker_id for r in s.schedule(q(), rows).ranked] == ["b", "a", "c"]
     rows[1] = dataclasses.replace(rows[1], healthy=False)
