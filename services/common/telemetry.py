@@ -59,6 +59,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
 from services.common.cli import port
+from services.common.httpapp import hide_version_banner
 from services.common.startup import StartupError, start_site
 from services.common.tracing.tracer import LeanTracer
 
@@ -383,7 +384,7 @@ def metrics_handler(telemetry: Telemetry) -> Handler:
 
 def metrics_app(telemetry: Telemetry) -> web.Application:
     """A tiny app serving ``GET /metrics`` (mounted on a service's metrics port)."""
-    app = web.Application()
+    app = hide_version_banner(web.Application())
     app.router.add_get("/metrics", metrics_handler(telemetry))
     return app
 

@@ -34,6 +34,7 @@ from aiohttp.typedefs import Handler
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from services.common.errors import AuthenticationFailed, InvalidRequest
+from services.common.httpapp import hide_version_banner
 from services.edge.counters import EdgeCounters
 from services.edge.middleware.error_boundary import error_boundary
 from services.edge.tenancy.apikeys import KeyRecord
@@ -184,7 +185,9 @@ async def revoke_key(request: web.Request) -> web.Response:
 
 
 def build_admin_app(deps: AdminDeps) -> web.Application:
-    app = web.Application(middlewares=[error_boundary, admin_auth], client_max_size=_MAX_BODY)
+    app = hide_version_banner(
+        web.Application(middlewares=[error_boundary, admin_auth], client_max_size=_MAX_BODY)
+    )
     app[ADMIN] = deps
     r = app.router
     r.add_get("/admin/stats", stats)

@@ -15,6 +15,7 @@ import redis.asyncio as aioredis
 import redis.exceptions
 from aiohttp import web
 
+from services.common.httpapp import hide_version_banner
 from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
 from services.edge.guard import GuardConfig, IpBuckets, Lifecycle, Occupancy
@@ -157,6 +158,7 @@ def build_app(deps: EdgeDeps) -> web.Application:
         ),
         client_max_size=deps.request_limits.max_body_bytes,
     )
+    hide_version_banner(app)
     app[DEPS] = deps
     app[CHAT] = build_chat_pipeline(deps)
     app.router.add_post("/v1/chat/completions", chat_completions)

@@ -35,6 +35,7 @@ from services.common.errors import (
     InvalidRequest,
     MeridianError,
 )
+from services.common.httpapp import SERVER_HEADER
 from services.common.logs import event
 from services.common.startup import listen_failed
 from services.edge.counters import EdgeCounters
@@ -162,7 +163,9 @@ class GuardedRequestHandler(web.RequestHandler):
         else:
             event(log, "http.error", level=logging.WARNING, status=status, error=repr(exc))
             err = InternalError("internal error")
-        resp = web.json_response(err.to_openai(), status=err.http_status)
+        resp = web.json_response(
+            err.to_openai(), status=err.http_status, headers={"Server": SERVER_HEADER}
+        )
         resp.force_close()
         return resp
 

@@ -21,7 +21,7 @@ def ip_guard(*, buckets: IpBuckets, counters: EdgeCounters) -> Middleware:
     their cap; applies the per-IP request-rate bucket to every route."""
 
     @web.middleware
-    async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def ip_guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         proto = request.protocol if isinstance(request.protocol, GuardedRequestHandler) else None
         if proto is not None:
             proto.request_started()
@@ -44,4 +44,4 @@ def ip_guard(*, buckets: IpBuckets, counters: EdgeCounters) -> Middleware:
             if proto is not None:
                 proto.request_finished()
 
-    return guard
+    return ip_guard

@@ -23,12 +23,12 @@ from services.edge.observability import EdgeTelemetry
 TRACE_ID = web.RequestKey("trace_id", str)
 
 
-def telemetry_middleware(telemetry: EdgeTelemetry) -> Middleware:
+def telemetry_middleware(tel: EdgeTelemetry) -> Middleware:
     """Outermost middleware: the request's SERVER span, its duration and status counters."""
-    tracer = telemetry.tracer
+    tracer = tel.tracer
 
     @web.middleware
-    async def observe(request: web.Request, handler: Handler) -> web.StreamResponse:
+    async def telemetry(request: web.Request, handler: Handler) -> web.StreamResponse:
         started = time.monotonic()
         route = request.match_info.route.resource
         path = route.canonical if route is not None else "unmatched"
@@ -57,8 +57,8 @@ def telemetry_middleware(telemetry: EdgeTelemetry) -> Middleware:
                 if status >= 500:
                     span.set_status(Status(StatusCode.ERROR))
                 attrs: dict[str, str | int] = {mn.STATUS_CODE: status, "http.route": path}
-                telemetry.requests.add(1, attrs)
+                tel.requests.add(1, attrs)
                 if path == "/v1/chat/completions":
-                    telemetry.duration.record(time.monotonic() - started, attrs)
+                    tel.duration.record(time.monotonic() - started, attrs)
 
-    return observe
+    return telemetry

@@ -34,6 +34,7 @@ from aiohttp import web
 
 from meridian.v1 import router_pb2
 from services.common.errors import InvalidRequest, MeridianError
+from services.common.httpapp import hide_version_banner
 from services.common.logs import event
 from services.common.startup import start_site
 from services.router.debug.payloads import (
@@ -176,7 +177,7 @@ class DebugEndpoint:
         self.port = 0
 
     def app(self) -> web.Application:
-        app = web.Application(middlewares=[self._auth])
+        app = hide_version_banner(web.Application(middlewares=[self._auth]))
         app.router.add_get("/debug/view", self._view)
         app.router.add_get("/debug/route", self._route)
         app.router.add_get("/debug/decisions", self._decisions)
