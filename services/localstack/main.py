@@ -130,6 +130,11 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         log_level=args.log_level,
         tls=args.tls,
     )
+    # A script that waits for /healthz and then reads the key must never read the last run's:
+    # the old key goes before anything listens, the new one appears whole, once all is up.
+    key_file = state / "demo-key"
+    key_file.unlink(missing_ok=True)
+    (state / "run" / "stack.json").unlink(missing_ok=True)  # likewise the last run's endpoints
     starting = asyncio.create_task(stack.start())
     stopping = asyncio.create_task(stop.wait())
     await asyncio.wait({starting, stopping}, return_when=asyncio.FIRST_COMPLETED)
@@ -144,9 +149,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     except ProcessFailed as err:
         print(f"error: {err}", file=sys.stderr)
         raise SystemExit(1) from None
-    key_file = state / "demo-key"
-    key_file.write_text(stack.endpoints.demo_key + "\n")
-    key_file.chmod(0o600)
+    write_private(key_file, stack.endpoints.demo_key + "\n")
     runtime.write_ready_file(stack.run_dir / "stack.json", _describe(stack))
     print(_banner(stack, key_file), flush=True)
     reported: set[str] = set()
@@ -165,6 +168,16 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     print("\nstopping the stack…", flush=True)
     await stack.stop()
     print("stopped.", flush=True)
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (temp file + rename), readable by the owner only
+    from its first byte."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)
 
 
 def main(argv: list[str] | None = None) -> int:

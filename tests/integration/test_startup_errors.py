@@ -5,6 +5,7 @@ status 1 — no traceback, nothing left running."""
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import sys
 from collections.abc import Iterator
@@ -84,3 +85,44 @@ async def test_every_listener_reports_a_taken_port_in_one_line(
         assert "Traceback" not in output, (name, output)
         line = f"error: cannot listen on 127.0.0.1:{taken_port} for {what}"
         assert line in output, (name, output)
+
+
+async def test_a_stack_that_cannot_start_leaves_no_stale_demo_key_or_endpoints(
+    taken_port: int, tmp_path: Path
+) -> None:
+    """``make run`` removes the last run's demo key and stack.json before starting anything,
+    so a script waiting for them never reads a previous stack's (here: the edge's port is
+    taken, the stack never comes up, and neither file may be left)."""
+    (tmp_path / "run").mkdir()
+    stale_key, stale_info = tmp_path / "demo-key", tmp_path / "run" / "stack.json"
+    stale_key.write_text("mk-stale\n")
+    stale_info.write_text('{"edge_url": "http://127.0.0.1:1"}')
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "services.localstack",
+        cwd=REPO_ROOT,
+        env={
+            **{k: v for k, v in os.environ.items() if k != "REDIS_URL"},
+            "EDGE_PORT": str(taken_port),
+            "MERIDIAN_STATE_DIR": str(tmp_path),
+        },
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.STDOUT,
+    )
+    out, _ = await asyncio.wait_for(proc.communicate(), timeout=120)
+    assert proc.returncode == 1, out.decode()
+    assert f"127.0.0.1:{taken_port}" in out.decode()
+    assert not stale_key.exists()
+    assert not stale_info.exists()
+
+
+def test_the_demo_key_is_written_whole_and_private(tmp_path: Path) -> None:
+    from services.localstack.main import write_private
+
+    key = tmp_path / "demo-key"
+    key.write_text("old")
+    write_private(key, "mk-new\n")
+    assert key.read_text() == "mk-new\n"
+    assert key.stat().st_mode & 0o777 == 0o600
+    assert [p.name for p in tmp_path.iterdir()] == ["demo-key"]  # no temp file left

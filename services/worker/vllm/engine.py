@@ -35,7 +35,9 @@ iterating; use ``contextlib.aclosing``), it closes vLLM's generator, which abort
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
+import multiprocessing
 import uuid
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
@@ -102,6 +104,7 @@ class VllmEngine:
         self._abort_requested: set[str] = set()
         self._started = False
         self._closing = False
+        self._build: asyncio.Future[AsyncLLM] | None = None
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -122,6 +125,7 @@ class VllmEngine:
         build = asyncio.get_running_loop().run_in_executor(
             None, _build_engine, self.config, window_stat_logger(self._window)
         )
+        self._build = build
         try:
             llm = await asyncio.shield(build)
         except asyncio.CancelledError:
@@ -158,11 +162,38 @@ class VllmEngine:
         if self._state is not ModelState.FAILED:
             self._state = ModelState.DRAINING
         if llm is None:
+            await self._abandon_build()
             return
         if self._in_flight:
             await llm.abort(list(self._in_flight))
         self._llm = None
         await _stop_engine(llm)
+
+    async def _abandon_build(self) -> None:
+        """Stopped while the engine was still being built: do not wait for it to finish.
+
+        The build thread is blocked in vLLM's start-up handshake while the engine core process
+        loads weights, profiles memory and warms up — tens of seconds, during which a SIGTERM
+        would otherwise wait (the interpreter joins that thread at exit). Ending the engine
+        core processes this worker started makes the handshake fail at once; the thread then
+        returns and nothing is left running."""
+        build = self._build
+        if build is None or build.done():
+            return
+        children = multiprocessing.active_children()
+        for child in children:
+            child.terminate()
+        for child in children:
+            child.join(timeout=5.0)
+            if child.is_alive():
+                child.kill()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(asyncio.shield(build), timeout=10.0)
+        log.info(
+            "vLLM engine %s: start abandoned (%d process(es) ended)",
+            self.config.name,
+            len(children),
+        )
 
     async def abort(self, request_id: str) -> None:
         """Abort one request; unknown or finished ids are ignored.
