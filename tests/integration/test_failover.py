@@ -10,6 +10,7 @@ import pytest
 
 from meridian.v1 import router_pb2, router_pb2_grpc, worker_pb2
 from services.common.grpcutil import insecure_channel
+from services.edge.upstream.failover import FailoverPolicy, open_stream
 from services.edge.upstream.router_client import RouteResult
 from services.netem.proxy import CutMode
 from tests.integration.conftest import MODEL, Stack
@@ -123,7 +124,6 @@ async def nothing_else(exclude: Sequence[str]) -> RouteResult:
 async def test_failover_tries_the_next_candidate_before_the_first_token(stack: Stack) -> None:
     """A candidate nobody listens on (a dead host) is skipped; the client never sees it."""
     from services.common.net import free_port
-    from services.edge.upstream.failover import FailoverPolicy, open_stream
 
     dead = router_pb2.Candidate(
         worker_id="ghost-1", region="kr", address=f"127.0.0.1:{free_port()}"
@@ -151,9 +151,46 @@ async def test_failover_tries_the_next_candidate_before_the_first_token(stack: S
     assert chunks[-1].usage.completion_tokens == 3
 
 
+async def test_when_the_ranking_runs_out_the_router_is_asked_again_without_the_tried_worker(
+    stack: Stack,
+) -> None:
+    """The stream stage never edits the route request: it calls ``reroute(exclude)``, which
+    builds a fresh one; the router then ranks the remaining workers."""
+    from services.common.net import free_port
+
+    dead = router_pb2.Candidate(
+        worker_id="ghost-2", region="kr", address=f"127.0.0.1:{free_port()}"
+    )
+    asked: list[tuple[str, ...]] = []
+
+    async def reroute(exclude: Sequence[str]) -> RouteResult:
+        asked.append(tuple(exclude))
+        request = router_pb2.RouteRequest(
+            request_id="rr-1", model=MODEL, exclude_worker_ids=[*exclude, "kr-1"]
+        )
+        return await stack.edge.deps.router.route(request)
+
+    gen = worker_pb2.GenerateRequest(model=MODEL)
+    gen.messages.add(role="user", content="hello")
+    gen.sampling.max_tokens = 3
+    upstream = await open_stream(
+        first_route=RouteResult(decision_id="d", candidates=(dead,), explanation=""),
+        reroute=reroute,
+        outcomes=stack.edge.deps.router,
+        workers=stack.edge.deps.workers,
+        request_id="rr-1",
+        generate=attempts_of(gen),
+        policy=FailoverPolicy(max_attempts=3),
+    )
+    chunks = [c async for c in upstream.chunks()]
+    assert asked == [("ghost-2",)]
+    assert upstream.candidate.worker_id in ("jp-1", "us-1")  # kr-1 excluded by the reroute
+    assert upstream.attempts == 2
+    assert chunks[-1].usage.completion_tokens == 3
+
+
 async def test_bad_requests_are_not_retried_on_other_workers(stack: Stack) -> None:
     from services.common.errors import InvalidRequest
-    from services.edge.upstream.failover import FailoverPolicy, open_stream
 
     cands = tuple(
         router_pb2.Candidate(worker_id=name, region=name[:2], address=f"{p.host}:{p.port}")
@@ -181,7 +218,6 @@ async def test_a_worker_that_stops_sending_mid_stream_ends_it_with_a_timeout(
     """The link freezes after the first token (a silent partition): the edge's idle watchdog
     ends the stream with a clear error instead of hanging."""
     from services.common.errors import UpstreamTimeout
-    from services.edge.upstream.failover import FailoverPolicy, open_stream
 
     proxy = stack.proxies["jp-1"]
     cand = router_pb2.Candidate(worker_id="jp-1", region="jp", address=f"{proxy.host}:{proxy.port}")

@@ -1,9 +1,9 @@
 """Meridian's full path in the test's event loop around the session's running vLLM engine.
 
 ``tests/support/inproc.start_worker`` starts (and later shuts down) the engine it serves; the
-vLLM engine of this suite is started once per session (~20 s), so here the worker's gRPC
-server is put in front of that engine without owning it: stopping the stack stops the server,
-never the engine.
+vLLM engine of this suite is started once per session (~20 s), so here the production
+``WorkerServer`` is put in front of that engine with ``owns_engine=False``: stopping the stack
+stops the server, never the engine.
 """
 
 from __future__ import annotations

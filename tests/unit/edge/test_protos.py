@@ -1,0 +1,75 @@
+"""The edge's two upstream requests come from one module, fresh on every call: a retry never
+inherits what an earlier attempt set, and no stage edits another stage's proto."""
+
+from __future__ import annotations
+
+import json
+
+from services.edge.context import ChatContext
+from services.edge.openai_types import parse_chat_request
+from services.edge.prompt import estimate_prompt_tokens
+from services.edge.tenancy.apikeys import KeyRecord
+from services.edge.tenancy.auth import Principal
+from services.edge.tenancy.tenants import Tenant, Tier
+from services.edge.upstream import protos
+
+
+def context(**body: object) -> ChatContext:
+    raw = {
+        "model": "m",
+        "messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
+        **body,
+    }
+    ctx = ChatContext(request=None, request_id="chatcmpl-1")  # type: ignore[arg-type]
+    ctx.body = parse_chat_request(json.dumps(raw).encode())
+    ctx.principal = Principal(
+        key=KeyRecord(key_id="k1", tenant="acme"),
+        tenant=Tenant(tenant_id="acme", tier=Tier.HIGH, allowed_regions=("kr", "jp")),
+    )
+    ctx.prompt_tokens_estimate = estimate_prompt_tokens(ctx.body)
+    ctx.session_id = "s-1"
+    return ctx
+
+
+def test_the_route_request_carries_what_the_router_ranks_by_and_never_the_prompt() -> None:
+    long_system = "be brief. " * 60  # two full prefix blocks
+    ctx = context(
+        max_tokens=64,
+        messages=[{"role": "system", "content": long_system}, {"role": "user", "content": "hi"}],
+    )
+    req = protos.route_request(ctx, site="seoul")
+    assert (req.request_id, req.model, req.tenant_id, req.edge_site) == (
+        "chatcmpl-1",
+        "m",
+        "acme",
+        "seoul",
+    )
+    assert sorted(req.allowed_regions) == ["jp", "kr"]
+    assert req.max_tokens == 64
+    assert req.prompt_tokens == ctx.prompt_tokens_estimate > 0
+    assert req.session_id == "s-1"
+    assert len(req.prefix_hashes) == 2
+    assert b"be brief" not in req.SerializeToString()
+
+
+def test_each_route_request_is_fresh_and_excludes_only_what_it_is_told() -> None:
+    ctx = context()
+    first = protos.route_request(ctx, site="seoul", exclude=["kr-1"])
+    second = protos.route_request(ctx, site="seoul")
+    assert list(first.exclude_worker_ids) == ["kr-1"]
+    assert list(second.exclude_worker_ids) == []
+    assert first is not second
+
+
+def test_each_attempt_gets_its_own_generate_request() -> None:
+    ctx = context(temperature=0.5, top_p=0.9, max_tokens=32, stop=["\n\n"], seed=7)
+    a = protos.generate_request(ctx, request_id="chatcmpl-1", decision_id="d1")
+    b = protos.generate_request(ctx, request_id="chatcmpl-1.2", decision_id="d2")
+    assert (a.request_id, a.decision_id) == ("chatcmpl-1", "d1")
+    assert (b.request_id, b.decision_id) == ("chatcmpl-1.2", "d2")
+    assert [(m.role, m.content) for m in a.messages] == [("system", "be brief"), ("user", "hi")]
+    assert a.sampling.max_tokens == 32
+    assert list(a.sampling.stop) == ["\n\n"]
+    assert a.sampling.seed == 7
+    assert abs(a.sampling.temperature - 0.5) < 1e-6
+    assert a.messages == b.messages  # the same request, attempt fields apart
