@@ -19,23 +19,32 @@ from tests.integration.conftest import MODEL, Stack
 from tests.support.builders import TEST_ADMIN_TOKEN
 
 
+def as_bytes(value: object) -> bytes:
+    """A Redis reply as bytes: the client has no ``decode_responses``, so that is what Redis
+    answers (the client's types also allow ``str``)."""
+    assert isinstance(value, bytes), value
+    return value
+
+
 async def redis_dump(client: aioredis.Redis) -> bytes:
     """Every key name and every value in the database, whatever its type."""
     out = bytearray()
-    async for name in client.scan_iter(count=500):
+    async for key in client.scan_iter(count=500):
+        name = as_bytes(key)
         out += name + b"\n"
-        kind = (await client.type(name)).decode()
+        kind = as_bytes(await client.type(name)).decode()
         if kind == "string":
-            out += await client.get(name) or b""
+            out += as_bytes(await client.get(name) or b"")
         elif kind == "hash":
             for k, v in (await client.hgetall(name)).items():
-                out += k + b"=" + v + b"\n"
+                out += as_bytes(k) + b"=" + as_bytes(v) + b"\n"
         elif kind == "set":
-            out += b"\n".join(await client.smembers(name))
+            out += b"\n".join(map(as_bytes, await client.smembers(name)))
         elif kind == "zset":
-            out += b"\n".join(m for m, _ in await client.zrange(name, 0, -1, withscores=True))
+            # The members; their scores are numbers, which no raw key can be.
+            out += b"\n".join(map(as_bytes, await client.zrange(name, 0, -1)))
         elif kind == "list":
-            out += b"\n".join(await client.lrange(name, 0, -1))
+            out += b"\n".join(map(as_bytes, await client.lrange(name, 0, -1)))
         else:
             raise AssertionError(f"unexpected Redis type {kind} for {name!r}")
         out += b"\n"

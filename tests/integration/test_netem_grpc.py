@@ -8,7 +8,7 @@ from collections.abc import AsyncIterator
 
 import grpc
 import pytest
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from services.common.grpcutil import Health, insecure_channel, new_server
 from services.netem.config import LinkProfile, Route
@@ -16,6 +16,20 @@ from services.netem.proxy import CutMode, DelayProxy
 
 DELAY_S = 0.05
 SERVING = health_pb2.HealthCheckResponse.SERVING
+
+HealthCheck = grpc.aio.UnaryUnaryMultiCallable[
+    health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse
+]
+
+
+def health_check(channel: grpc.aio.Channel) -> HealthCheck:
+    """The standard health service's ``Check``, as ``health_pb2_grpc.HealthStub`` binds it:
+    the grpc-health stubs declare no methods on ``HealthStub``, so this one is typed here."""
+    return channel.unary_unary(
+        "/grpc.health.v1.Health/Check",
+        request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+        response_deserializer=health_pb2.HealthCheckResponse.FromString,
+    )
 
 
 @pytest.fixture
@@ -42,17 +56,17 @@ async def proxy(grpc_port: int) -> AsyncIterator[DelayProxy]:
         yield p
 
 
-async def timed_check(stub: health_pb2_grpc.HealthStub) -> tuple[int, float]:
+async def timed_check(check: HealthCheck) -> tuple[int, float]:
     start = time.monotonic()
-    reply = await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=10)
+    reply = await check(health_pb2.HealthCheckRequest(service=""), timeout=10)
     return reply.status, time.monotonic() - start
 
 
 async def test_a_grpc_call_through_the_proxy_sees_the_added_round_trip(proxy: DelayProxy) -> None:
     async with insecure_channel(f"127.0.0.1:{proxy.port}") as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        await timed_check(stub)  # connection setup and HTTP/2 settings exchange
-        results = [await timed_check(stub) for _ in range(3)]
+        check = health_check(channel)
+        await timed_check(check)  # connection setup and HTTP/2 settings exchange
+        results = [await timed_check(check) for _ in range(3)]
     assert all(status == SERVING for status, _ in results)
     fastest = min(elapsed for _, elapsed in results)
     assert fastest >= 2 * DELAY_S
@@ -64,17 +78,17 @@ async def test_a_grpc_call_fails_over_a_refuse_cut_and_succeeds_after_restore(
     proxy: DelayProxy,
 ) -> None:
     async with insecure_channel(f"127.0.0.1:{proxy.port}") as channel:
-        stub = health_pb2_grpc.HealthStub(channel)
-        assert (await timed_check(stub))[0] == SERVING
+        check = health_check(channel)
+        assert (await timed_check(check))[0] == SERVING
         proxy.cut(CutMode.REFUSE)
         with pytest.raises(grpc.aio.AioRpcError) as caught:
-            await stub.Check(health_pb2.HealthCheckRequest(service=""), timeout=2)
+            await check(health_pb2.HealthCheckRequest(service=""), timeout=2)
         assert caught.value.code() in (
             grpc.StatusCode.UNAVAILABLE,
             grpc.StatusCode.DEADLINE_EXCEEDED,
         )
         proxy.restore()
-        reply = await stub.Check(
+        reply = await check(
             health_pb2.HealthCheckRequest(service=""), timeout=10, wait_for_ready=True
         )
     assert reply.status == SERVING
@@ -96,6 +110,6 @@ async def test_a_channel_connects_to_a_region_a_quarter_second_away(grpc_port: i
         DelayProxy(route) as far,
         insecure_channel(f"127.0.0.1:{far.port}") as channel,
     ):
-        status, elapsed = await timed_check(health_pb2_grpc.HealthStub(channel))
+        status, elapsed = await timed_check(health_check(channel))
     assert status == SERVING
     assert elapsed >= 0.5  # connection set-up and the call both crossed the link

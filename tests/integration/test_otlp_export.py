@@ -24,7 +24,7 @@ from tests.support.otlp import OtlpReceiver
 
 def some_spans() -> tuple[ReadableSpan, ...]:
     memory = InMemorySpanExporter()
-    processor = SynchronousMultiSpanProcessor()
+    processor = SynchronousMultiSpanProcessor()  # type: ignore[no-untyped-call]  # SDK: no -> None
     processor.add_span_processor(SimpleSpanProcessor(memory))
     tracer = LeanTracer(
         resource=Resource.create({"service.name": "meridian-edge"}),

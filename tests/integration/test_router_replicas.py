@@ -63,8 +63,10 @@ async def replicas() -> AsyncIterator[Replicas]:
         await w.stop()
 
 
-async def route(caller: RouterCaller, **fields: object) -> router_pb2.RouteResponse:
-    resp = await caller.route(**fields)
+async def route(
+    caller: RouterCaller, *, follow_up: bool = False, **fields: object
+) -> router_pb2.RouteResponse:
+    resp = await caller.route(follow_up=follow_up, **fields)
     assert not isinstance(resp, Refused), resp
     return resp
 

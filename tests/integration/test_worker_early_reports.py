@@ -12,6 +12,7 @@ import pytest
 
 from meridian.v1 import worker_pb2, worker_pb2_grpc
 from services.common.grpcutil import insecure_channel
+from services.edge.upstream.worker_pool import GenerateCall
 from services.worker.main import build_parser
 from services.worker.service import EARLY_REPORT_LOAD, WorkerService
 from services.worker.sim import SimConfig, SimEngine
@@ -20,6 +21,7 @@ from tests.support.wait import eventually
 
 PERIOD_MS = 5_000  # far longer than any wait below: an early report cannot be the periodic one
 MODEL = "meridian-sim"
+LoadReports = grpc.aio.UnaryStreamCall[worker_pb2.WatchLoadRequest, worker_pb2.LoadReport]
 
 
 @pytest.fixture
@@ -31,11 +33,11 @@ async def worker() -> AsyncIterator[RunningWorker]:
     await running.stop()
 
 
-async def busy(stub: worker_pb2_grpc.WorkerStub, n: int) -> list[grpc.aio.UnaryStreamCall]:
+async def busy(stub: worker_pb2_grpc.WorkerStub, n: int) -> list[GenerateCall]:
     """Start ``n`` long requests and wait until each has produced a token."""
-    calls = []
+    calls: list[GenerateCall] = []
     for i in range(n):
-        call = stub.Generate(
+        call: GenerateCall = stub.Generate(
             worker_pb2.GenerateRequest(
                 request_id=f"r{i}",
                 model=MODEL,
@@ -48,9 +50,7 @@ async def busy(stub: worker_pb2_grpc.WorkerStub, n: int) -> list[grpc.aio.UnaryS
     return calls
 
 
-async def next_report(
-    reports: grpc.aio.UnaryStreamCall, timeout_s: float
-) -> worker_pb2.LoadReport | None:
+async def next_report(reports: LoadReports, timeout_s: float) -> worker_pb2.LoadReport | None:
     try:
         report = await asyncio.wait_for(reports.read(), timeout_s)
     except TimeoutError:

@@ -10,12 +10,16 @@ serves (404), or ask for more tokens than its context (400); that is the API's c
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import schemathesis
 from hypothesis import HealthCheck, settings
 from schemathesis.specs.openapi.checks import positive_data_acceptance
 
 from tests.property.conftest import LiveEdge
+
+if TYPE_CHECKING:  # schemathesis defines its OpenAPI case type for type checkers only
+    from schemathesis.specs.openapi.schemas import OpenApiCase
 
 SPEC = Path(__file__).resolve().parents[2] / "deploy/openapi/edge.yaml"
 schema = schemathesis.openapi.from_path(SPEC)
@@ -32,7 +36,7 @@ schema.config.checks.negative_data_rejection.expected_statuses = [
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
-def test_the_edge_keeps_its_openapi_contract(case: schemathesis.Case, live_edge: LiveEdge) -> None:
+def test_the_edge_keeps_its_openapi_contract(case: OpenApiCase, live_edge: LiveEdge) -> None:
     case.call_and_validate(
         base_url=live_edge.base_url,
         headers={"Authorization": f"Bearer {live_edge.key}"},

@@ -60,7 +60,8 @@ class OtlpReceiver(trace_service_pb2_grpc.TraceServiceServicer):
 
     async def start(self, port: int = 0) -> str:
         self.server = grpc.aio.server()
-        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)
+        # opentelemetry-proto's generated gRPC module has no annotations.
+        trace_service_pb2_grpc.add_TraceServiceServicer_to_server(self, self.server)  # type: ignore[no-untyped-call]
         self.port = self.server.add_insecure_port(f"127.0.0.1:{port}")
         await self.server.start()
         return f"http://127.0.0.1:{self.port}"

@@ -17,6 +17,7 @@ import grpc
 import openai
 import pytest
 import pytest_asyncio
+from openai.types.chat import ChatCompletionMessageParam
 from transformers import AutoTokenizer
 
 from meridian.v1 import worker_pb2, worker_pb2_grpc
@@ -31,11 +32,12 @@ from tests.vllm.inproc import VllmStack, start_vllm_stack
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
 
-MESSAGES: list[Any] = [
+MESSAGES: list[ChatCompletionMessageParam] = [
     {"role": "system", "content": "You are terse."},
     {"role": "user", "content": "Tell me a story about the edge."},
 ]
-GREEDY = {"temperature": 0.0, "extra_body": {"ignore_eos": True}}
+# Greedy and to the token limit: pass with temperature=0.0, extra_body=IGNORE_EOS.
+IGNORE_EOS = {"ignore_eos": True}
 LONG_PROMPT = "word " * 300  # > 256 tokens: the tiny model's context under VllmConfig.cpu_test
 
 
@@ -54,12 +56,19 @@ def prompt_tokens(tiny_model_dir: Path) -> int:
     return len(ids["input_ids"])
 
 
+def turn(message: ChatCompletionMessageParam) -> ChatTurn:
+    """One of MESSAGES as the engine takes it (they all have plain-text content)."""
+    content = message.get("content")
+    assert isinstance(content, str), message
+    return ChatTurn(role=message["role"], content=content)
+
+
 async def on_engine(engine: VllmEngine, max_tokens: int) -> list[EngineOutput]:
     """MESSAGES, greedy, straight on the engine (no edge, router or worker server)."""
     request = EngineRequest(
         request_id=f"direct-{uuid.uuid4().hex}",
         model=SERVED_NAME,
-        messages=tuple(ChatTurn(role=m["role"], content=m["content"]) for m in MESSAGES),
+        messages=tuple(turn(m) for m in MESSAGES),
         sampling=SamplingOptions(temperature=0.0, max_tokens=max_tokens, ignore_eos=True),
     )
     async with aclosing(engine.generate(request)) as stream:
@@ -70,7 +79,7 @@ async def test_non_streaming_chat_returns_the_engines_text_and_counts(
     stack: VllmStack, engine: VllmEngine, prompt_tokens: int
 ) -> None:
     done = await stack.client.chat.completions.create(
-        model=SERVED_NAME, messages=MESSAGES, max_tokens=24, **GREEDY
+        model=SERVED_NAME, messages=MESSAGES, max_tokens=24, temperature=0.0, extra_body=IGNORE_EOS
     )
     direct = await on_engine(engine, max_tokens=24)
 
@@ -94,7 +103,8 @@ async def test_streaming_chat_sends_the_engines_deltas_then_finish_and_usage(
         max_tokens=24,
         stream=True,
         stream_options={"include_usage": True},
-        **GREEDY,
+        temperature=0.0,
+        extra_body=IGNORE_EOS,
     )
     chunks = [chunk async for chunk in stream]
     direct = await on_engine(engine, max_tokens=24)
@@ -117,7 +127,7 @@ async def test_a_stop_sequence_ends_the_completion_just_before_it(
     stack: VllmStack, streamed: bool
 ) -> None:
     free = await stack.client.chat.completions.create(
-        model=SERVED_NAME, messages=MESSAGES, max_tokens=48, **GREEDY
+        model=SERVED_NAME, messages=MESSAGES, max_tokens=48, temperature=0.0, extra_body=IGNORE_EOS
     )
     text = free.choices[0].message.content or ""
     stop = _ascii_pair(text)
@@ -125,14 +135,25 @@ async def test_a_stop_sequence_ends_the_completion_just_before_it(
 
     if streamed:
         stream = await stack.client.chat.completions.create(
-            model=SERVED_NAME, messages=MESSAGES, max_tokens=48, stop=[stop], stream=True, **GREEDY
+            model=SERVED_NAME,
+            messages=MESSAGES,
+            max_tokens=48,
+            stop=[stop],
+            stream=True,
+            temperature=0.0,
+            extra_body=IGNORE_EOS,
         )
         chunks = [c async for c in stream if c.choices]
         content = "".join(c.choices[0].delta.content or "" for c in chunks)
         finish = chunks[-1].choices[0].finish_reason
     else:
         done = await stack.client.chat.completions.create(
-            model=SERVED_NAME, messages=MESSAGES, max_tokens=48, stop=[stop], **GREEDY
+            model=SERVED_NAME,
+            messages=MESSAGES,
+            max_tokens=48,
+            stop=[stop],
+            temperature=0.0,
+            extra_body=IGNORE_EOS,
         )
         content = done.choices[0].message.content or ""
         finish = done.choices[0].finish_reason
@@ -181,7 +202,12 @@ async def test_a_client_that_disconnects_mid_stream_leaves_no_engine_request_aft
     stack: VllmStack, engine: VllmEngine
 ) -> None:
     stream = await stack.client.chat.completions.create(
-        model=SERVED_NAME, messages=MESSAGES, max_tokens=200, stream=True, **GREEDY
+        model=SERVED_NAME,
+        messages=MESSAGES,
+        max_tokens=200,
+        stream=True,
+        temperature=0.0,
+        extra_body=IGNORE_EOS,
     )
     seen = 0
     request_id = ""

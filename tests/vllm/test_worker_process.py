@@ -22,7 +22,7 @@ import grpc
 import openai
 import pytest
 import pytest_asyncio
-from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1 import health_pb2
 
 from meridian.v1 import router_pb2, worker_pb2, worker_pb2_grpc
 from services.common.clock import SYSTEM_CLOCK
@@ -103,9 +103,16 @@ def model_state(site: Site) -> ModelState | None:
 
 async def health(worker: WorkerProcess) -> int:
     async with insecure_channel(worker.address) as channel:
-        reply = await health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service="meridian.v1.Worker")
+        # The standard health service's Check, bound as health_pb2_grpc.HealthStub binds it:
+        # the grpc-health stubs declare no methods on HealthStub, so it is typed here.
+        check: grpc.aio.UnaryUnaryMultiCallable[
+            health_pb2.HealthCheckRequest, health_pb2.HealthCheckResponse
+        ] = channel.unary_unary(
+            "/grpc.health.v1.Health/Check",
+            request_serializer=health_pb2.HealthCheckRequest.SerializeToString,
+            response_deserializer=health_pb2.HealthCheckResponse.FromString,
         )
+        reply = await check(health_pb2.HealthCheckRequest(service="meridian.v1.Worker"))
     return int(reply.status)
 
 

@@ -126,8 +126,12 @@ def test_dropped_counts_encode_as_the_sdk_does() -> None:
 
 
 def test_resources_and_scopes_group_as_the_sdk_groups_them() -> None:
+    def two_spans(tracer: trace.Tracer) -> None:
+        for name in ("a", "b"):
+            tracer.start_span(name).end()
+
     first = spans_from(
-        lambda t: [t.start_span(n).end() for n in ("a", "b")],
+        two_spans,
         resource=Resource.create({"service.name": "edge", "meridian.site": "kr"}, "https://x/1"),
         scope=("meridian.edge", "1.2.3", "https://opentelemetry.io/schemas/1.26.0"),
     )

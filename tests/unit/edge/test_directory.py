@@ -18,6 +18,13 @@ from services.edge.tenancy.tenants import Limits, Tenant, TenantPatch, Tier
 HASHER = KeyHasher(b"directory-test-pepper")
 
 
+def as_bytes(value: object) -> bytes:
+    """A Redis reply as bytes: the client has no ``decode_responses``, so that is what Redis
+    answers (the client's types also allow ``str``)."""
+    assert isinstance(value, bytes), value
+    return value
+
+
 @pytest.fixture
 async def client(redis_url: str) -> AsyncIterator[aioredis.Redis]:
     c = aioredis.Redis.from_url(redis_url)
@@ -60,15 +67,15 @@ async def test_keys_are_stored_by_keyed_hash_only(
     assert await directory.load_key(HASHER.digest(raw)) == record
     assert await directory.get_key(record.key_id) == record
     assert [k.key_id for k in await directory.list_keys("acme")] == [record.key_id]
-    for name in await client.keys("*"):
+    for name in map(as_bytes, await client.keys("*")):
         assert raw.encode() not in name
         kind = await client.type(name)
         if kind == b"hash":
             assert raw.encode() not in b"".join(
-                k + v for k, v in (await client.hgetall(name)).items()
+                as_bytes(k) + as_bytes(v) for k, v in (await client.hgetall(name)).items()
             )
         elif kind == b"string":
-            assert raw.encode() not in await client.get(name)
+            assert raw.encode() not in as_bytes(await client.get(name))
 
 
 async def test_keys_need_an_existing_tenant(directory: Directory) -> None:
@@ -86,13 +93,13 @@ async def test_changes_are_published_for_every_edge(
     raw, record = await directory.create_key("acme")
     await directory.revoke_key(record.key_id)
     await directory.update_tenant("acme", TenantPatch(disabled=True))
-    seen = []
+    seen: list[str] = []
     while len(seen) < 2:
         msg = await pubsub.get_message(timeout=1.0)
         if msg is not None:
-            seen.append(msg["data"].decode())
+            seen.append(as_bytes(msg["data"]).decode())
     assert seen == [f"key:{HASHER.digest(raw)}", "tenant:acme"]
-    await pubsub.aclose()
+    await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py: PubSub.aclose unannotated
 
 
 async def test_rotation_makes_a_twin_key_and_ends_the_old_one(

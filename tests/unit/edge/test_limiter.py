@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 import redis.asyncio as aioredis
+from redis.typing import ZSetRangeResponse
 
 from services.common.clock import ManualClock
 from services.common.errors import Unavailable
@@ -69,6 +70,19 @@ def ask(tokens: int = 1, **limits: int) -> Ask:
     global _n
     _n += 1
     return Ask(f"q{_n}", tokens, (Scope("tenant", "acme", "{acme}:t", Limits(**limits)),))
+
+
+def scored(rows: ZSetRangeResponse) -> list[tuple[bytes, float]]:
+    """``zrange(..., withscores=True)`` as (member, score) pairs: the client has no
+    ``decode_responses``, so members are bytes (its types allow str, and rows without scores)."""
+    pairs: list[tuple[bytes, float]] = []
+    for row in rows:
+        assert isinstance(row, tuple), row
+        member, score = row
+        assert isinstance(member, bytes), row
+        assert isinstance(score, float), row
+        pairs.append((member, score))
+    return pairs
 
 
 async def evalsha_calls(client: aioredis.Redis) -> int:
@@ -197,7 +211,7 @@ async def test_renewal_extends_the_leases_of_live_requests(live: aioredis.Redis)
     clock.advance(10)
     await limiter.renew_once()
     (scope,) = lease.ask.scopes
-    [(member, expiry)] = await live.zrange(scope_keys(scope)[2], 0, -1, withscores=True)
+    [(member, expiry)] = scored(await live.zrange(scope_keys(scope)[2], 0, -1, withscores=True))
     assert member == lease.ask.request_id.encode()
     assert expiry == int(clock.time() * 1000) + 30_000
 
@@ -228,7 +242,9 @@ async def test_a_burst_of_settles_is_group_committed_and_all_applied(
     (scope,) = leases[0].ask.scopes
     _, tokens, streams = scope_keys(scope)
     assert await live.zcard(streams) == 0
-    assert int(await live.hget(tokens, "#sum")) == 500
+    total = await live.hget(tokens, "#sum")
+    assert total is not None
+    assert int(total) == 500
 
 
 async def test_settles_that_cannot_reach_redis_are_each_counted(dead: aioredis.Redis) -> None:

@@ -9,6 +9,12 @@ from services.edge.ratelimit.types import Ask, Scope
 from services.edge.tenancy.tenants import Limits
 
 
+def text(name: bytes | str) -> str:
+    """A key name as text (the client has no ``decode_responses``, so Redis answers bytes)."""
+    assert isinstance(name, bytes), name
+    return name.decode()
+
+
 async def test_state_lives_under_the_tenant_hash_tag_and_expires(redis_url: str) -> None:
     client = aioredis.Redis.from_url(redis_url)
     backend = RedisBackend(redis=client, window_ms=60_000, lease_ms=30_000)
@@ -16,7 +22,7 @@ async def test_state_lives_under_the_tenant_hash_tag_and_expires(redis_url: str)
     tenant = Scope("tenant", "acme", "{acme}:t", Limits(rpm=50))
     verdict = await backend.admit(Ask("r1", 10, (key, tenant)), 1_000_000)
     assert verdict.admitted
-    names = sorted(k.decode() for k in await client.keys("*"))
+    names = sorted(text(k) for k in await client.keys("*"))
     assert names == sorted(
         [*scope_keys(key), *(k for k in scope_keys(tenant) if not k.endswith(":c"))]
     )

@@ -50,10 +50,12 @@ def test_decisions_become_metrics_and_span_attributes() -> None:
         Decision(ranked=(), empty_reason=NoCandidate.SATURATED), 5.0, tel.tracer.start_span("x")
     )
     (finished,) = [s for s in exporter.get_finished_spans() if s.name == "router.Route"]
-    assert finished.attributes["meridian.region"] == "jp"
-    assert finished.attributes["meridian.signal"] == "load"
-    assert finished.attributes["meridian.score.latency"] == 0.3
-    assert finished.attributes["meridian.runners_up"] == ("near@kr:0.500",)
+    attributes = finished.attributes
+    assert attributes is not None
+    assert attributes["meridian.region"] == "jp"
+    assert attributes["meridian.signal"] == "load"
+    assert attributes["meridian.score.latency"] == 0.3
+    assert attributes["meridian.runners_up"] == ("near@kr:0.500",)
     families = {f.name: f for f in text_string_to_metric_families(tel.prometheus_text().decode())}
     decisions = families["meridian_router_decisions"].samples
     assert any(
