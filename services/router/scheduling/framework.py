@@ -32,7 +32,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from time import perf_counter_ns
-from typing import Any
+from typing import Any, NamedTuple
 
 from services.router.scheduling.explain import classify_empty, explain_empty, explain_winner
 from services.router.scheduling.incremental import ClassMemo, Incremental, Timings
@@ -79,8 +79,7 @@ class WeightedScorer:
 _EXPLAIN = "explain"  # timing bucket: contributions, details and the explanation line
 
 
-@dataclass(frozen=True, slots=True)
-class _Kept:
+class _Kept(NamedTuple):
     """The filter step's result: survivors, their positions in the memo, their memoised
     score sums, and every rejection so far."""
 
@@ -100,8 +99,7 @@ class _Kept:
         )
 
 
-@dataclass(frozen=True, slots=True)
-class _Scores:
+class _Scores(NamedTuple):
     """The score step's result: candidates and their weighted totals."""
 
     candidates: Candidates
