@@ -40,50 +40,55 @@ def test_banner_prints_url_and_key(stack: StackProcess) -> None:
 
 
 def test_sync_client_chat_and_stream(stack: StackProcess) -> None:
-    client = openai.OpenAI(base_url=stack.base_url, api_key=stack.key, max_retries=0)
-    models = [m.id for m in client.models.list()]
-    assert models == [stack.info["model"]]
-    done = client.chat.completions.create(
-        model=models[0], messages=[{"role": "user", "content": "hello"}], max_tokens=8
-    )
-    assert done.choices[0].message.content
-    assert done.usage is not None
-    assert done.usage.completion_tokens == 8
-    pieces = [
-        c.choices[0].delta.content or ""
-        for c in client.chat.completions.create(
-            model=models[0],
-            messages=[{"role": "user", "content": "hi"}],
-            stream=True,
-            max_tokens=8,
+    with stack.client() as client:
+        models = [m.id for m in client.models.list()]
+        assert models == [stack.info["model"]]
+        done = client.chat.completions.create(
+            model=models[0], messages=[{"role": "user", "content": "hello"}], max_tokens=8
         )
-        if c.choices
-    ]
+        assert done.choices[0].message.content
+        assert done.usage is not None
+        assert done.usage.completion_tokens == 8
+        pieces = [
+            c.choices[0].delta.content or ""
+            for c in client.chat.completions.create(
+                model=models[0],
+                messages=[{"role": "user", "content": "hi"}],
+                stream=True,
+                max_tokens=8,
+            )
+            if c.choices
+        ]
     assert "".join(pieces)
 
 
 async def test_async_client_chat_and_stream(stack: StackProcess) -> None:
-    client = openai.AsyncOpenAI(base_url=stack.base_url, api_key=stack.key, max_retries=0)
-    done = await client.chat.completions.create(
-        model=stack.info["model"], messages=[{"role": "user", "content": "hello"}], max_tokens=4
-    )
-    assert done.choices[0].finish_reason == "length"
-    stream = await client.chat.completions.create(
-        model=stack.info["model"],
-        messages=[{"role": "user", "content": "hi"}],
-        stream=True,
-        max_tokens=4,
-    )
-    finishes = [c.choices[0].finish_reason async for c in stream if c.choices]
+    async with openai.AsyncOpenAI(
+        base_url=stack.base_url, api_key=stack.key, max_retries=0
+    ) as client:
+        done = await client.chat.completions.create(
+            model=stack.info["model"],
+            messages=[{"role": "user", "content": "hello"}],
+            max_tokens=4,
+        )
+        assert done.choices[0].finish_reason == "length"
+        stream = await client.chat.completions.create(
+            model=stack.info["model"],
+            messages=[{"role": "user", "content": "hi"}],
+            stream=True,
+            max_tokens=4,
+        )
+        finishes = [c.choices[0].finish_reason async for c in stream if c.choices]
     assert finishes[-1] == "length"
 
 
 def test_wrong_key_and_malformed_request(stack: StackProcess) -> None:
-    bad = openai.OpenAI(base_url=stack.base_url, api_key="mk-" + "A" * 43, max_retries=0)
-    with pytest.raises(openai.AuthenticationError):
+    with (
+        openai.OpenAI(base_url=stack.base_url, api_key="mk-" + "A" * 43, max_retries=0) as bad,
+        pytest.raises(openai.AuthenticationError),
+    ):
         bad.chat.completions.create(model="m", messages=[{"role": "user", "content": "x"}])
-    client = openai.OpenAI(base_url=stack.base_url, api_key=stack.key, max_retries=0)
-    with pytest.raises(openai.BadRequestError) as exc:
+    with stack.client() as client, pytest.raises(openai.BadRequestError) as exc:
         client.chat.completions.create(
             model=stack.info["model"], messages=[{"role": "user", "content": "x"}], top_p=3
         )
@@ -91,15 +96,15 @@ def test_wrong_key_and_malformed_request(stack: StackProcess) -> None:
 
 
 def test_killing_a_worker_process_does_not_fail_new_requests(stack: StackProcess) -> None:
-    client = openai.OpenAI(base_url=stack.base_url, api_key=stack.key, max_retries=0)
-    os.kill(stack.info["pids"]["kr-1"], signal.SIGKILL)
-    for _ in range(10):
-        done = client.chat.completions.create(
-            model=stack.info["model"],
-            messages=[{"role": "user", "content": "still?"}],
-            max_tokens=2,
-        )
-        assert done.choices[0].message.content is not None
+    with stack.client() as client:
+        os.kill(stack.info["pids"]["kr-1"], signal.SIGKILL)
+        for _ in range(10):
+            done = client.chat.completions.create(
+                model=stack.info["model"],
+                messages=[{"role": "user", "content": "still?"}],
+                max_tokens=2,
+            )
+            assert done.choices[0].message.content is not None
 
 
 def test_sigterm_leaves_no_process_and_no_port(stack: StackProcess) -> None:

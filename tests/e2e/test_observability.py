@@ -29,24 +29,30 @@ async def traced_stack(
 ) -> AsyncIterator[tuple[LocalStack, OtlpReceiver]]:
     receiver = OtlpReceiver()
     endpoint = await receiver.start()
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
-    monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
-    monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
-    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "60000")
-    base = load_stack_config(REPO_ROOT / "deploy/local/stack.yaml")
-    config = parse_stack_config(
-        {
-            "site": base.site,
-            "model": base.model,
-            "regions": {"kr": {"rtt_ms": 4, "workers": 1}, "us": {"rtt_ms": 40, "workers": 1}},
-            "sim": {"time_scale": 0.2},
-        }
-    )
-    stack = LocalStack(config=config, run_dir=tmp_path / "run", edge_port=0, log_level="warning")
-    await stack.start()
-    yield stack, receiver
-    await stack.stop()
-    await receiver.stop()
+    try:
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", endpoint)
+        monkeypatch.setenv("OTEL_EXPORTER_OTLP_INSECURE", "true")
+        monkeypatch.setenv("OTEL_BSP_SCHEDULE_DELAY", "100")
+        monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "60000")
+        base = load_stack_config(REPO_ROOT / "deploy/local/stack.yaml")
+        config = parse_stack_config(
+            {
+                "site": base.site,
+                "model": base.model,
+                "regions": {"kr": {"rtt_ms": 4, "workers": 1}, "us": {"rtt_ms": 40, "workers": 1}},
+                "sim": {"time_scale": 0.2},
+            }
+        )
+        stack = LocalStack(
+            config=config, run_dir=tmp_path / "run", edge_port=0, log_level="warning"
+        )
+        await stack.start()
+        try:
+            yield stack, receiver
+        finally:
+            await stack.stop()
+    finally:
+        await receiver.stop()
 
 
 async def chat(stack: LocalStack, *, stream: bool, traceparent: str | None = None) -> int:

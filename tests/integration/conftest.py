@@ -3,6 +3,7 @@ a router watching the proxied addresses, and the edge — all over real sockets.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -55,25 +56,31 @@ async def start_stack(redis_url: str, *, clock: Clock = SYSTEM_CLOCK, **sim: obj
     limit windows move only when the test says so)."""
     workers: dict[str, RunningWorker] = {}
     proxies: dict[str, DelayProxy] = {}
-    for region, one_way_ms in REGIONS.items():
-        name = f"{region}-1"
-        w = await start_worker(SimEngine(sim_config(**sim)), worker_id=name, region=region)
-        host, port = w.address.rsplit(":", 1)
-        proxy = DelayProxy(
-            Route(
-                name=name,
-                upstream_host=host,
-                upstream_port=int(port),
-                link=LinkProfile(delay_ms=one_way_ms),
+    async with contextlib.AsyncExitStack() as started:  # a failed start stops what it started
+        for region, one_way_ms in REGIONS.items():
+            name = f"{region}-1"
+            w = await start_worker(SimEngine(sim_config(**sim)), worker_id=name, region=region)
+            started.push_async_callback(w.stop)
+            host, port = w.address.rsplit(":", 1)
+            proxy = DelayProxy(
+                Route(
+                    name=name,
+                    upstream_host=host,
+                    upstream_port=int(port),
+                    link=LinkProfile(delay_ms=one_way_ms),
+                )
             )
-        )
-        await proxy.start()
-        workers[name] = w
-        proxies[name] = proxy
-    router = await start_router([f"{p.host}:{p.port}" for p in proxies.values()])
-    await router.wait_healthy(len(workers))
-    edge = await start_edge(redis_url=redis_url, router_address=router.address, clock=clock)
-    key = await edge.new_key("acme")
+            await proxy.start()
+            started.push_async_callback(proxy.close)
+            workers[name] = w
+            proxies[name] = proxy
+        router = await start_router([f"{p.host}:{p.port}" for p in proxies.values()])
+        started.push_async_callback(router.stop)
+        await router.wait_healthy(len(workers))
+        edge = await start_edge(redis_url=redis_url, router_address=router.address, clock=clock)
+        started.push_async_callback(edge.stop)
+        key = await edge.new_key("acme")
+        started.pop_all()  # up: from here stop_stack stops it
     return Stack(workers, proxies, router, edge, key)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 
 import aiohttp
@@ -13,13 +14,15 @@ from tests.support.wait import eventually
 
 
 def client(stack: Stack, key: str | None = None) -> openai.AsyncOpenAI:
+    """A client of the stack's edge; use it with ``async with`` so its connections close."""
     return openai.AsyncOpenAI(base_url=stack.base_url, api_key=key or stack.key, max_retries=0)
 
 
 async def test_non_streaming_completion_has_text_usage_and_routing_headers(stack: Stack) -> None:
-    raw = await client(stack).chat.completions.with_raw_response.create(
-        model=MODEL, messages=[{"role": "user", "content": "Hello there"}], max_tokens=5
-    )
+    async with client(stack) as c:
+        raw = await c.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "Hello there"}], max_tokens=5
+        )
     completion = raw.parse()
     assert completion.object == "chat.completion"
     assert completion.id.startswith("chatcmpl-")
@@ -34,14 +37,15 @@ async def test_non_streaming_completion_has_text_usage_and_routing_headers(stack
 
 
 async def test_streaming_completion_arrives_as_openai_chunks(stack: Stack) -> None:
-    stream = await client(stack).chat.completions.create(
-        model=MODEL,
-        messages=[{"role": "user", "content": "Stream please"}],
-        max_tokens=6,
-        stream=True,
-        stream_options={"include_usage": True},
-    )
-    chunks = [c async for c in stream]
+    async with client(stack) as api:
+        stream = await api.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Stream please"}],
+            max_tokens=6,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [c async for c in stream]
     assert chunks[0].choices[0].delta.role == "assistant"
     text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
     assert text
@@ -79,42 +83,51 @@ async def test_raw_sse_ends_with_done(stack: Stack) -> None:
 
 async def test_same_seed_gives_same_text(stack: Stack) -> None:
     async def once() -> str:
-        c = await client(stack).chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "seeded"}], seed=42, max_tokens=12
-        )
-        return c.choices[0].message.content or ""
+        async with client(stack) as c:
+            done = await c.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "seeded"}],
+                seed=42,
+                max_tokens=12,
+            )
+        return done.choices[0].message.content or ""
 
     assert await once() == await once()
 
 
 async def test_models_are_listed(stack: Stack) -> None:
-    models = await client(stack).models.list()
+    async with client(stack) as c:
+        models = await c.models.list()
     assert [m.id for m in models.data] == [MODEL]
 
 
 async def test_wrong_key_is_an_authentication_error(stack: Stack) -> None:
-    with pytest.raises(openai.AuthenticationError):
-        await client(stack, key="mk-" + "x" * 43).chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}]
-        )
-    with pytest.raises(openai.AuthenticationError):
-        await client(stack, key="sk-not-ours").models.list()
+    async with client(stack, key="mk-" + "x" * 43) as c:
+        with pytest.raises(openai.AuthenticationError):
+            await c.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}]
+            )
+    async with client(stack, key="sk-not-ours") as c:
+        with pytest.raises(openai.AuthenticationError):
+            await c.models.list()
 
 
 async def test_malformed_request_names_the_field(stack: Stack) -> None:
-    with pytest.raises(openai.BadRequestError) as exc:
-        await client(stack).chat.completions.create(
-            model=MODEL, messages=[{"role": "user", "content": "hi"}], temperature=7
-        )
+    async with client(stack) as c:
+        with pytest.raises(openai.BadRequestError) as exc:
+            await c.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], temperature=7
+            )
     assert "temperature" in str(exc.value)
     assert exc.value.body["param"] == "temperature"  # type: ignore[index]
 
 
 async def test_unknown_model_is_not_found(stack: Stack) -> None:
-    with pytest.raises(openai.NotFoundError) as exc:
-        await client(stack).chat.completions.create(
-            model="gpt-nope", messages=[{"role": "user", "content": "hi"}]
-        )
+    async with client(stack) as c:
+        with pytest.raises(openai.NotFoundError) as exc:
+            await c.chat.completions.create(
+                model="gpt-nope", messages=[{"role": "user", "content": "hi"}]
+            )
     assert exc.value.body["code"] == "model_not_found"  # type: ignore[index]
 
 
@@ -156,8 +169,8 @@ async def test_oversized_body_is_413(stack: Stack) -> None:
         aiohttp.ClientSession() as http,
         http.post(
             f"{stack.base_url}/chat/completions",
-            headers={"Authorization": f"Bearer {stack.key}"},
-            data=big,
+            headers={"Authorization": f"Bearer {stack.key}", "Content-Type": "application/json"},
+            data=io.BytesIO(big.encode()),  # a file-like body: aiohttp streams it in chunks
         ) as resp,
     ):
         assert resp.status == 413

@@ -120,22 +120,26 @@ async def test_concurrent_streams_are_exact_across_replicas_and_freed_on_disconn
             )
 
         responses = await asyncio.gather(*(open_stream(i) for i in range(100)))
-        statuses = [r.status for r in responses]
-        assert statuses.count(200) == 5
-        assert statuses.count(429) == 95
-        for r in responses:
-            r.close()  # the admitted clients go away mid-stream
+        try:
+            statuses = [r.status for r in responses]
+            assert statuses.count(200) == 5
+            assert statuses.count(429) == 95
+        finally:
+            for r in responses:
+                r.close()  # the admitted clients go away mid-stream
     client = aioredis.Redis.from_url(pair.redis_url)
 
     async def leases() -> int:
         return sum([await client.zcard(k) for k in await client.keys("meridian:rl:*:c")])
 
-    for _ in range(200):
-        if await leases() == 0:
-            break
-        await asyncio.sleep(0.02)
-    assert await leases() == 0  # every slot was released, none left to expire
-    await client.aclose()
+    try:
+        for _ in range(200):
+            if await leases() == 0:
+                break
+            await asyncio.sleep(0.02)
+        assert await leases() == 0  # every slot was released, none left to expire
+    finally:
+        await client.aclose()
     await eventually(lambda: all(e.server.limiter.live_leases == 0 for e in pair.edges))
     async with aiohttp.ClientSession() as http:
         again = await post(http, pair.edges[1], key, max_tokens=2)

@@ -17,13 +17,15 @@ from tests.integration.conftest import MODEL, Stack
 
 
 def client(stack: Stack) -> openai.AsyncOpenAI:
+    """A client of the stack's edge; use it with ``async with`` so its connections close."""
     return openai.AsyncOpenAI(base_url=stack.base_url, api_key=stack.key, max_retries=0)
 
 
 async def ask(stack: Stack) -> tuple[str, int]:
-    raw = await client(stack).chat.completions.with_raw_response.create(
-        model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3
-    )
+    async with client(stack) as c:
+        raw = await c.chat.completions.with_raw_response.create(
+            model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=3
+        )
     raw.parse()
     return raw.headers["x-meridian-region"], int(raw.headers["x-meridian-attempts"])
 
@@ -61,32 +63,31 @@ async def test_a_draining_worker_gets_no_new_traffic(stack: Stack) -> None:
 
 
 async def test_route_explanation_changes_when_the_near_region_is_flooded(stack: Stack) -> None:
-    channel = insecure_channel(stack.router.address)
-    stub = router_pb2_grpc.RouterStub(channel)
-    req = router_pb2.RouteRequest(request_id="probe", model=MODEL, explain=True)
-    calm = await stub.Route(req)
-    assert calm.candidates[0].region == "kr"
-    assert {c.signal for c in calm.candidates[0].contributions}
+    async with insecure_channel(stack.router.address) as channel:
+        stub = router_pb2_grpc.RouterStub(channel)
+        req = router_pb2.RouteRequest(request_id="probe", model=MODEL, explain=True)
+        calm = await stub.Route(req)
+        assert calm.candidates[0].region == "kr"
+        assert {c.signal for c in calm.candidates[0].contributions}
 
-    # Flood kr with long generations straight at the worker.
-    kr = stack.workers["kr-1"]
-    flood = [asyncio.create_task(_drain_stream(kr.address, i)) for i in range(64)]
-    try:
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + 5.0
-        busy = calm
-        while loop.time() < deadline:
-            busy = await stub.Route(req)
-            if busy.candidates[0].region != "kr":
-                break
-            await asyncio.sleep(0.05)
-        assert busy.candidates[0].region != "kr", busy.explanation
-        assert busy.explanation
-    finally:
-        for t in flood:
-            t.cancel()
-        await asyncio.gather(*flood, return_exceptions=True)
-        await channel.close()
+        # Flood kr with long generations straight at the worker.
+        kr = stack.workers["kr-1"]
+        flood = [asyncio.create_task(_drain_stream(kr.address, i)) for i in range(64)]
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + 5.0
+            busy = calm
+            while loop.time() < deadline:
+                busy = await stub.Route(req)
+                if busy.candidates[0].region != "kr":
+                    break
+                await asyncio.sleep(0.05)
+            assert busy.candidates[0].region != "kr", busy.explanation
+            assert busy.explanation
+        finally:
+            for t in flood:
+                t.cancel()
+            await asyncio.gather(*flood, return_exceptions=True)
 
 
 async def _drain_stream(address: str, i: int) -> None:

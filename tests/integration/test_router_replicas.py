@@ -8,6 +8,7 @@ from us, Oregon the reverse, as the real sites would be.
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
@@ -35,32 +36,32 @@ class Replicas:
 
 @pytest.fixture
 async def replicas() -> AsyncIterator[Replicas]:
-    workers = {
-        r: await start_worker(SimEngine(sim()), worker_id=f"{r}-1", region=r) for r in ("kr", "us")
-    }
-    proxies = []
-    routers: dict[str, RunningRouter] = {}
-    for site, delays in SITES.items():
-        site_proxies = [await delay_proxy(workers[r], delays[r]) for r in ("kr", "us")]
-        proxies += site_proxies
-        routers[site] = await start_router(
-            [f"{p.host}:{p.port}" for p in site_proxies],
-            site=site,
-            report_interval_ms=1000,  # assignments stay visible between reports
-            debug=DebugConfig(),
-        )
-    for router in routers.values():
-        await router.wait_healthy(2)
-    callers = {site: RouterCaller(r.address, edge_site=site) for site, r in routers.items()}
-    yield Replicas(workers, routers, callers)
-    for c in callers.values():
-        await c.close()
-    for router in routers.values():
-        await router.stop()
-    for p in proxies:
-        await p.close()
-    for w in workers.values():
-        await w.stop()
+    async with contextlib.AsyncExitStack() as started:  # stops all, however far start got
+        workers: dict[str, RunningWorker] = {}
+        for r in ("kr", "us"):
+            workers[r] = await start_worker(SimEngine(sim()), worker_id=f"{r}-1", region=r)
+            started.push_async_callback(workers[r].stop)
+        routers: dict[str, RunningRouter] = {}
+        for site, delays in SITES.items():
+            site_proxies = []
+            for r in ("kr", "us"):
+                proxy = await delay_proxy(workers[r], delays[r])
+                started.push_async_callback(proxy.close)
+                site_proxies.append(proxy)
+            routers[site] = await start_router(
+                [f"{p.host}:{p.port}" for p in site_proxies],
+                site=site,
+                report_interval_ms=1000,  # assignments stay visible between reports
+                debug=DebugConfig(),
+            )
+            started.push_async_callback(routers[site].stop)
+        for router in routers.values():
+            await router.wait_healthy(2)
+        callers: dict[str, RouterCaller] = {}
+        for site, router in routers.items():
+            callers[site] = RouterCaller(router.address, edge_site=site)
+            started.push_async_callback(callers[site].close)
+        yield Replicas(workers, routers, callers)
 
 
 async def route(

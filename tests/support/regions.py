@@ -94,18 +94,25 @@ async def start_regions(
     (so it measures the delay). Waits until the router sees every worker healthy."""
     workers: dict[str, RunningWorker] = {}
     proxies: dict[str, DelayProxy] = {}
-    for spec in specs:
-        for i in range(1, spec.workers + 1):
-            name = f"{spec.name}-{i}"
-            w = await start_worker(SimEngine(config), worker_id=name, region=spec.name)
-            workers[name] = w
-            proxies[name] = await delay_proxy(w, spec.one_way_ms)
-    router_kwargs.setdefault("probe_interval_s", 0.05)
-    router = await start_router([f"{p.host}:{p.port}" for p in proxies.values()], **router_kwargs)
-    await router.wait_healthy(len(workers))
-    regions = Regions(workers, proxies, router)
-    expected = {f"{s.name}-{i}": s.one_way_ms for s in specs for i in range(1, s.workers + 1)}
-    await settled(regions, expected)
+    async with contextlib.AsyncExitStack() as started:  # a failed start stops what it started
+        for spec in specs:
+            for i in range(1, spec.workers + 1):
+                name = f"{spec.name}-{i}"
+                w = await start_worker(SimEngine(config), worker_id=name, region=spec.name)
+                started.push_async_callback(w.stop)
+                workers[name] = w
+                proxies[name] = await delay_proxy(w, spec.one_way_ms)
+                started.push_async_callback(proxies[name].close)
+        router_kwargs.setdefault("probe_interval_s", 0.05)
+        router = await start_router(
+            [f"{p.host}:{p.port}" for p in proxies.values()], **router_kwargs
+        )
+        started.push_async_callback(router.stop)
+        await router.wait_healthy(len(workers))
+        regions = Regions(workers, proxies, router)
+        expected = {f"{s.name}-{i}": s.one_way_ms for s in specs for i in range(1, s.workers + 1)}
+        await settled(regions, expected)
+        started.pop_all()  # up: from here Regions.stop stops it
     return regions
 
 

@@ -33,6 +33,7 @@ class StackProcess:
         return f"{self.info['edge_url']}/v1"
 
     def client(self) -> openai.OpenAI:
+        """A client of the stack's edge; use it with ``with`` so its connections close."""
         return openai.OpenAI(base_url=self.base_url, api_key=self.key, max_retries=0)
 
     def ports(self) -> list[int]:
@@ -62,6 +63,7 @@ def start_stack_process(
     while not info_file.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
+            proc.wait()
             raise RuntimeError(f"the stack did not come up:\n{log.read_text()[-4000:]}")
         time.sleep(0.1)
     info = json.loads(info_file.read_text())

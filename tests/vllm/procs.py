@@ -90,6 +90,7 @@ def start_vllm_worker(
     while not ready.exists():
         if proc.poll() is not None or time.monotonic() > deadline:
             proc.kill()
+            proc.wait()
             raise AssertionError(f"the worker did not listen:\n{log.read_text()[-4000:]}")
         time.sleep(0.05)
     info = json.loads(ready.read_text())

@@ -43,39 +43,39 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackProcess]:
 def test_the_stack_serves_the_tiny_model_from_one_vllm_worker(stack: StackProcess) -> None:
     assert stack.info["model"] == DEFAULT_VLLM_MODEL
     assert list(stack.info["workers"]) == ["kr-vllm-1"]
-    assert [m.id for m in stack.client().models.list()] == [DEFAULT_VLLM_MODEL]
+    with stack.client() as client:
+        assert [m.id for m in client.models.list()] == [DEFAULT_VLLM_MODEL]
     assert (stack.state / "tiny-model" / "config.json").is_file()
     worker_log = (stack.state / "run" / "logs" / "kr-vllm-1.log").read_text()
     assert '"engine":"vllm"' in worker_log
 
 
 def test_chat_and_streamed_chat_come_from_the_vllm_worker(stack: StackProcess) -> None:
-    client = stack.client()
-    raw = client.chat.completions.with_raw_response.create(
-        model=DEFAULT_VLLM_MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=8
-    )
-    done = raw.parse()
-    assert raw.headers["x-meridian-worker"] == "kr-vllm-1"
-    assert done.choices[0].finish_reason == "length"
-    assert done.usage is not None
-    assert done.usage.completion_tokens == 8
-    chunks = list(
-        client.chat.completions.create(
-            model=DEFAULT_VLLM_MODEL,
-            messages=[{"role": "user", "content": "hi"}],
-            max_tokens=8,
-            stream=True,
-            stream_options={"include_usage": True},
+    with stack.client() as client:
+        raw = client.chat.completions.with_raw_response.create(
+            model=DEFAULT_VLLM_MODEL, messages=[{"role": "user", "content": "hello"}], max_tokens=8
         )
-    )
+        done = raw.parse()
+        assert raw.headers["x-meridian-worker"] == "kr-vllm-1"
+        assert done.choices[0].finish_reason == "length"
+        assert done.usage is not None
+        assert done.usage.completion_tokens == 8
+        chunks = list(
+            client.chat.completions.create(
+                model=DEFAULT_VLLM_MODEL,
+                messages=[{"role": "user", "content": "hi"}],
+                max_tokens=8,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+        )
     assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
     assert chunks[-1].usage is not None
     assert chunks[-1].usage.completion_tokens == 8
 
 
 def test_a_request_the_model_cannot_fit_is_a_400_naming_max_tokens(stack: StackProcess) -> None:
-    client = stack.client()
-    with pytest.raises(openai.BadRequestError) as raised:
+    with stack.client() as client, pytest.raises(openai.BadRequestError) as raised:
         client.chat.completions.create(
             model=DEFAULT_VLLM_MODEL,
             messages=[{"role": "user", "content": "hello"}],

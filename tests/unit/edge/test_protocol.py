@@ -5,6 +5,7 @@ and idle connections. Every refusal is an OpenAI-style JSON error and is counted
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
@@ -66,6 +67,25 @@ async def serve(**guard: float) -> AsyncIterator[Served]:
         await runner.cleanup()
 
 
+Stream = tuple[asyncio.StreamReader, asyncio.StreamWriter]
+
+
+@asynccontextmanager
+async def connect(port: int) -> AsyncIterator[Stream]:
+    """A raw connection to ``port``, closed on the way out however the test ends."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        yield reader, writer
+    finally:
+        await close_writer(writer)
+
+
+async def close_writer(writer: asyncio.StreamWriter) -> None:
+    writer.close()
+    with contextlib.suppress(ConnectionError):  # the server may already have reset it
+        await writer.wait_closed()
+
+
 async def read_response(reader: asyncio.StreamReader) -> tuple[int, dict[str, str], bytes]:
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
     lines = head.decode().split("\r\n")
@@ -86,8 +106,7 @@ async def closed(reader: asyncio.StreamReader) -> bool:
 
 
 async def test_slow_headers_get_408_however_the_bytes_trickle() -> None:
-    async with serve() as s:
-        reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+    async with serve() as s, connect(s.port) as (reader, writer):
         writer.write(b"GET /ok HTTP/1.1\r\nHost: x\r\n")
 
         async def trickle() -> None:
@@ -96,42 +115,38 @@ async def test_slow_headers_get_408_however_the_bytes_trickle() -> None:
                 await asyncio.sleep(0.02)
 
         dripping = asyncio.create_task(trickle())
-        status, headers, body = await read_response(reader)
-        dripping.cancel()
+        try:
+            status, headers, body = await read_response(reader)
+        finally:
+            dripping.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await dripping
         assert status == 408
         assert headers["connection"] == "close"
         assert openai_error(body)["code"] == "request_timeout"
         assert s.counters.header_timeouts == 1
-        writer.close()
 
 
 async def test_a_silent_connection_is_closed_at_the_header_deadline() -> None:
-    async with serve() as s:
-        reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+    async with serve() as s, connect(s.port) as (reader, _):
         status, _, _ = await read_response(reader)
         assert status == 408
         assert await closed(reader)
-        writer.close()
 
 
 async def test_the_deadline_applies_again_to_the_next_request_on_a_kept_connection() -> None:
-    async with serve() as s:
-        reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
+    async with serve() as s, connect(s.port) as (reader, writer):
         writer.write(GET)
         assert (await read_response(reader))[0] == 200
         await asyncio.sleep(0.5)  # idle between requests is fine (idle timeout is longer)
         writer.write(b"GET /ok HTTP/1.1\r\n")  # ... but a started request must complete
         assert (await read_response(reader))[0] == 408
-        writer.close()
 
 
 async def send(port: int, data: bytes) -> tuple[int, dict[str, str], bytes]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(data)
-    try:
+    async with connect(port) as (reader, writer):
+        writer.write(data)
         return await read_response(reader)
-    finally:
-        writer.close()
 
 
 async def test_too_many_headers_are_431() -> None:
@@ -168,8 +183,7 @@ async def hold(port: int) -> Callable[[], Awaitable[None]]:
     _, writer = await asyncio.open_connection("127.0.0.1", port)
 
     async def close() -> None:
-        writer.close()
-        await writer.wait_closed()
+        await close_writer(writer)
 
     return close
 
@@ -177,30 +191,35 @@ async def hold(port: int) -> Callable[[], Awaitable[None]]:
 async def test_connections_over_the_per_ip_cap_are_answered_429_and_closed() -> None:
     async with serve(max_connections_per_ip=2, header_timeout_s=5.0) as s:
         held = [await hold(s.port) for _ in range(2)]
-        await eventually(lambda: s.connections.total >= 2)
-        reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
-        writer.write(GET)
-        status, headers, body = await read_response(reader)
-        assert status == 429
-        assert headers["retry-after"] == "1"
-        assert "connections" in str(openai_error(body)["message"])
-        assert await closed(reader)
-        assert s.counters.connections_refused_ip == 1
-        await held[0]()
-        await eventually(lambda: s.connections.total <= 1)
-        assert (await send(s.port, GET))[0] == 200
-        await held[1]()
+        try:
+            await eventually(lambda: s.connections.total >= 2)
+            async with connect(s.port) as (reader, writer):
+                writer.write(GET)
+                status, headers, body = await read_response(reader)
+                assert status == 429
+                assert headers["retry-after"] == "1"
+                assert "connections" in str(openai_error(body)["message"])
+                assert await closed(reader)
+            assert s.counters.connections_refused_ip == 1
+            await held[0]()
+            await eventually(lambda: s.connections.total <= 1)
+            assert (await send(s.port, GET))[0] == 200
+        finally:
+            for close in held:
+                await close()
 
 
 async def test_connections_over_the_edge_cap_are_answered_503() -> None:
     async with serve(max_connections=1, header_timeout_s=5.0) as s:
         close = await hold(s.port)
-        await eventually(lambda: s.connections.total >= 1)
-        status, _, body = await send(s.port, GET)
-        assert status == 503
-        assert openai_error(body)["type"] == "overloaded_error"
-        assert s.counters.connections_refused_edge == 1
-        await close()
+        try:
+            await eventually(lambda: s.connections.total >= 1)
+            status, _, body = await send(s.port, GET)
+            assert status == 503
+            assert openai_error(body)["type"] == "overloaded_error"
+            assert s.counters.connections_refused_edge == 1
+        finally:
+            await close()
 
 
 async def test_requests_over_the_per_ip_rate_are_429_with_retry_after() -> None:
@@ -214,9 +233,8 @@ async def test_requests_over_the_per_ip_rate_are_429_with_retry_after() -> None:
 
 async def test_idle_kept_alive_connections_are_closed() -> None:
     async with serve(idle_timeout_s=0.3, header_timeout_s=5.0) as s:
-        reader, writer = await asyncio.open_connection("127.0.0.1", s.port)
-        writer.write(GET)
-        assert (await read_response(reader))[0] == 200
-        assert await closed(reader)
-        writer.close()
+        async with connect(s.port) as (reader, writer):
+            writer.write(GET)
+            assert (await read_response(reader))[0] == 200
+            assert await closed(reader)
         assert s.connections.total == 0
