@@ -45,6 +45,10 @@ from services.edge.httperrors import HeadersTooLarge, RequestTimeout
 log = logging.getLogger("meridian.edge.protocol")
 
 
+#: How long a connection cut off for slow headers keeps draining input before it closes.
+_LINGER_S = 1.0
+
+
 def _raw_response(err: MeridianError, reason: str) -> bytes:
     body = json.dumps(err.to_openai(), separators=(",", ":")).encode()
     head = (
@@ -78,6 +82,7 @@ class GuardedRequestHandler(web.RequestHandler):
         self._registered = False
         self._header_timer: asyncio.TimerHandle | None = None
         self._in_request = False
+        self._lingering = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
@@ -102,6 +107,8 @@ class GuardedRequestHandler(web.RequestHandler):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            return  # the 408 is sent: what the client still trickles in is read and dropped
         if data and not self._in_request and self._header_timer is None:
             self._arm_header_timer()  # the first byte of the next request on this connection
         super().data_received(data)
@@ -133,8 +140,15 @@ class GuardedRequestHandler(web.RequestHandler):
         err = RequestTimeout(
             f"The request headers did not arrive within {self._config.header_timeout_s:g}s."
         )
-        self.transport.write(_raw_response(err, "Request Timeout"))
-        self.force_close()
+        transport = self.transport
+        transport.write(_raw_response(err, "Request Timeout"))
+        # A lingering close: closing a socket with unread input makes the kernel send a reset,
+        # which can reach the client before the 408 does. So stop parsing, half-close (plain
+        # TCP), keep reading and dropping for a moment, then close.
+        self._lingering = True
+        if transport.can_write_eof():
+            transport.write_eof()
+        self._loop.call_later(_LINGER_S, self.force_close)
 
     def handle_error(
         self,

@@ -146,12 +146,12 @@ async def serve(args: argparse.Namespace, engine: Engine, stop: asyncio.Event) -
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    logs.configure("worker", args.log_level)
     try:
         telemetry.sampler_from_env(os.environ)  # a bad OTEL_TRACES_SAMPLER stops us here
         engine = build_engine(args)
     except (EngineConfigError, ValueError) as err:
         parser.error(str(err))
+    logs.configure("worker", args.log_level)  # after the flags: a refused flag logs nothing
     runtime.run(lambda stop: serve(args, engine, stop))
     return 0
 
