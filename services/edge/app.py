@@ -11,7 +11,6 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-import redis.asyncio as aioredis
 import redis.exceptions
 from aiohttp import web
 
@@ -26,6 +25,7 @@ from services.edge.observability import TRACE_ID, EdgeTelemetry, telemetry_middl
 from services.edge.pipeline import Next, Stage, TerminalStage, build_chain
 from services.edge.protocol import guard_middleware
 from services.edge.ratelimit.limiter import RateLimiter
+from services.edge.redisconn import RedisClient
 from services.edge.respond import Respond
 from services.edge.routeview import ResilientRouter
 from services.edge.stages import Authenticate, RequestLimits, Route, Validate
@@ -34,7 +34,7 @@ from services.edge.upstream import WorkerPool
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EdgeDeps:
-    redis: aioredis.Redis
+    redis: RedisClient
     auth: Authenticator
     limiter: RateLimiter
     router: ResilientRouter

@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import grpc
-import redis.asyncio as aioredis
 
 from meridian.v1 import router_pb2_grpc, worker_pb2_grpc
 from services.common.clock import SYSTEM_CLOCK, Clock
@@ -23,6 +22,7 @@ from services.edge.app import EdgeDeps
 from services.edge.counters import EdgeCounters
 from services.edge.directory import Directory
 from services.edge.failover import FailoverPolicy
+from services.edge.redisconn import RedisClient
 from services.edge.server import EdgeConfig, EdgeServer, connect_redis
 from services.edge.stages import RequestLimits
 from services.edge.tenants import Tenant
@@ -176,7 +176,7 @@ class RunningEdge:
     server: EdgeServer
     url: str
     deps: EdgeDeps
-    redis: aioredis.Redis
+    redis: RedisClient
 
     @property
     def directory(self) -> Directory:
