@@ -104,6 +104,14 @@ class SentinelTopology:
     sentinels: list[_Server] = field(default_factory=list)
 
     def start(self) -> None:
+        """Start everything, or stop what did start and raise."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         primary_port = free_port()
         for i in range(1 + self.replicas):
@@ -216,6 +224,14 @@ class ClusterTopology:
     nodes: list[_Server] = field(default_factory=list)
 
     def start(self) -> None:
+        """Start everything, or stop what did start and raise."""
+        try:
+            self._start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _start(self) -> None:
         self.workdir.mkdir(parents=True, exist_ok=True)
         for _ in range(self.primaries):
             port = free_port()

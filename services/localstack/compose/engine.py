@@ -109,6 +109,17 @@ class PrivateEngine:
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait(timeout=10)
+        self._unmount_leftovers()
+
+    def _unmount_leftovers(self) -> None:
+        """dockerd leaves its network namespace's bind mount (exec-root/netns/default)
+        behind; without unmounting it the state folder cannot be deleted."""
+        roots = (str(self.exec_root), str(self.state_dir))
+        with open("/proc/self/mounts", encoding="utf-8") as mounts:
+            points = [line.split()[1] for line in mounts]
+        for point in sorted(points, key=len, reverse=True):
+            if point.startswith(roots):
+                subprocess.run(["umount", "-l", point], check=False, capture_output=True)
 
 
 @dataclass

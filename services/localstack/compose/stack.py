@@ -146,7 +146,7 @@ class ComposeStack:
             )
         return proc.stdout + proc.stderr
 
-    def up(self, *, timeout_s: int = 180) -> float:
+    def up(self, *, timeout_s: int = 300) -> float:
         """``up --wait``: returns once every service is healthy (seconds it took)."""
         start = time.monotonic()
         try:
