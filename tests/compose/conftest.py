@@ -9,7 +9,6 @@ import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 
 import pytest
 
@@ -72,8 +71,3 @@ def compose_stack(engine: Engine) -> Iterator[Running]:
             + ", ".join(f"{k} {v:.1f}s" for k, v in timings.items())
         )
         assert not left, f"docker compose down left {left}"
-
-
-@pytest.fixture
-def repo() -> Path:
-    return REPO
