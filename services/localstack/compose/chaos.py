@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import docker.errors
 
 from services.localstack.compose.stack import ComposeStack
 
@@ -56,12 +57,28 @@ def _restart_worker(stack: ComposeStack) -> None:
 
 def _pause_kr(stack: ComposeStack) -> None:
     for name in ("worker-kr-1", "worker-kr-2"):
-        stack.container(name).pause()
+        _pause(stack.container(name))
+
+
+def _pause(container: Any, attempts: int = 10) -> None:
+    """runc's cgroup-v1 freezer gives up ("unable to freeze") when a process of the
+    container is briefly unfreezable — e.g. a health check starting — so try again."""
+    for attempt in range(attempts):
+        try:
+            container.pause()
+            return
+        except docker.errors.APIError as err:
+            if "unable to freeze" not in str(err) or attempt == attempts - 1:
+                raise
+            time.sleep(0.2)
 
 
 def _unpause_kr(stack: ComposeStack) -> None:
     for name in ("worker-kr-1", "worker-kr-2"):
-        stack.container(name).unpause()
+        container = stack.container(name)
+        container.reload()
+        if container.status == "paused":
+            container.unpause()
 
 
 def _network(stack: ComposeStack) -> Any:
@@ -218,7 +235,11 @@ async def run_scenario(
     figures = Figures(scenario.name)
     try:
         await asyncio.sleep(warmup_s)
-        await asyncio.to_thread(scenario.inject, stack)
+        try:
+            await asyncio.to_thread(scenario.inject, stack)
+        except BaseException:
+            await asyncio.to_thread(scenario.heal, stack)  # what was injected, undone
+            raise
         injected = time.monotonic()
         if scenario.targets:
             figures.out_of_rotation_s = await _until(
