@@ -22,7 +22,8 @@ used and frees the stream slot, in the background; live leases are renewed every
 ``renew_every_s`` so a long stream keeps its slot, and a crashed edge's slots expire after
 ``lease_ttl_s``. A settle that cannot reach Redis (an outage, a Sentinel failover) is kept
 and sent again once Redis answers; after a failover, the settles of the last 30 s are sent
-again to the new primary (the old one may have taken them and lost them).
+again to the new primary, at once and twice more within 5 s (the old one may have taken them
+and lost them).
 """
 
 from __future__ import annotations
@@ -61,6 +62,7 @@ _MAX_QUEUED_SETTLES = 100_000
 _SETTLE_BACKOFF_MIN_S = 0.05
 _SETTLE_BACKOFF_MAX_S = 1.0
 _RESETTLE_WINDOW_MS = 30_000
+_RESETTLE_AGAIN_S = (0.0, 2.0, 5.0)
 
 
 class FailureMode(StrEnum):
@@ -138,6 +140,7 @@ class RateLimiter:
         # Settles Redis acknowledged lately, sent again after a failover.
         self._sent: deque[tuple[Ask, int, int]] = deque(maxlen=_MAX_QUEUED_SETTLES)
         self._primary_seen = redis.primary() if redis is not None else None
+        self._resettle_due: list[float] = []  # monotonic times of resends still to come
         self._closing = False
         self._flusher: asyncio.Task[None] | None = None
 
@@ -270,18 +273,23 @@ class RateLimiter:
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush_settles())
 
-    def _resettle_after_failover(self) -> None:
+    def _resettle_after_failover(self, *, now_too: bool = False) -> None:
         """If another server takes our writes now (a Sentinel failover), send the settles of
         the last ``_RESETTLE_WINDOW_MS`` again: the old primary may have acknowledged them
-        after a replica was promoted, and lost them when it became a replica itself."""
+        after a replica was promoted, and lost them when it became a replica itself. They
+        are sent at once and again ``_RESETTLE_AGAIN_S`` later (until every sentinel agrees,
+        a connection may still reach the old primary); settling twice is harmless."""
         if self._redis is None:
             return
+        now = self._clock.monotonic()
         primary = self._redis.primary()
-        if primary == self._primary_seen:
+        if primary != self._primary_seen:
+            first, self._primary_seen = self._primary_seen is None, primary
+            if not first:  # the first connection is not a failover
+                self._resettle_due = [now + delay for delay in _RESETTLE_AGAIN_S]
+        if not self._resettle_due or (self._resettle_due[0] > now and not now_too):
             return
-        first, self._primary_seen = self._primary_seen is None, primary
-        if first:  # the first connection, not a failover
-            return
+        self._resettle_due = [t for t in self._resettle_due if t > now and not now_too]
         oldest = self._now_ms() - _RESETTLE_WINDOW_MS
         again = [item for item in self._sent if item[2] >= oldest]
         self._sent.clear()
@@ -376,6 +384,7 @@ class RateLimiter:
         """Wait (briefly) for settles still in flight: each queued Redis settle gets one more
         try, and those that still cannot reach Redis are counted as failed."""
         self._closing = True
+        self._resettle_after_failover(now_too=True)  # resends still due: now, one last time
         waiting = set(self._pending)
         if self._flusher is not None:
             waiting.add(self._flusher)
