@@ -11,7 +11,6 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-import redis.asyncio as aioredis
 import redis.exceptions
 from aiohttp import web
 
@@ -25,6 +24,7 @@ from services.edge.middleware.telemetry import TRACE_ID, telemetry_middleware
 from services.edge.observability import EdgeTelemetry
 from services.edge.pipeline import Next, Stage, TerminalStage, build_chain, ordered_middlewares
 from services.edge.ratelimit.limiter import RateLimiter
+from services.edge.redisconn import RedisClient
 from services.edge.stages.admit import Admit
 from services.edge.stages.authenticate import Authenticate
 from services.edge.stages.connection_guard import ConnectionGuard
@@ -39,7 +39,7 @@ from services.edge.upstream.worker_pool import WorkerPool
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EdgeDeps:
-    redis: aioredis.Redis
+    redis: RedisClient
     auth: Authenticator
     limiter: RateLimiter
     router: ResilientRouter

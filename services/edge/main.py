@@ -25,6 +25,7 @@ from services.common import cli, logs, runtime, telemetry
 from services.common.logs import event
 from services.edge.guard import GuardConfig
 from services.edge.ratelimit.limiter import FailureMode, RateLimitConfig
+from services.edge.redisconn import parse_redis_url
 from services.edge.server import EdgeConfig, EdgeServer, connect_redis
 from services.edge.stages.validate import RequestLimits
 from services.edge.tenancy.apikeys import KeyHasher, load_pepper
@@ -39,10 +40,11 @@ ADMIN_TOKEN_ENV = "MERIDIAN_ADMIN_TOKEN"
 
 
 def _redis_url(value: str) -> str:
-    if not value.startswith(("redis://", "rediss://", "unix://")):
-        raise argparse.ArgumentTypeError(
-            f"{value!r}: expected redis://HOST:PORT/DB, rediss://… or unix://…"
-        )
+    """One server, Sentinel or Cluster (see :mod:`services.edge.redisconn`), validated."""
+    try:
+        parse_redis_url(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
     return value
 
 

@@ -16,12 +16,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis.asyncio as aioredis
-import redis.exceptions
 from aiohttp import web
-from redis.asyncio import BlockingConnectionPool
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.startup import start_site
@@ -36,6 +31,7 @@ from services.edge.protocol import Listener
 from services.edge.ratelimit.limiter import FailureMode, RateLimitConfig, RateLimiter
 from services.edge.ratelimit.redis_backend import RedisBackend
 from services.edge.ratelimit.window import LocalBackend
+from services.edge.redisconn import RedisClient, connect, follow_failovers, parse_redis_url
 from services.edge.stages.validate import RequestLimits
 from services.edge.tenancy.apikeys import KeyHasher
 from services.edge.tenancy.auth import AuthConfig, Authenticator
@@ -87,27 +83,10 @@ class EdgeConfig:
             raise ValueError("drain_grace_s and keepalive_after_s must be > 0")
 
 
-def connect_redis(
-    url: str, *, timeout_s: float = 1.0, max_connections: int = 256
-) -> aioredis.Redis:
-    """The edge's Redis client.
-
-    - a *blocking* pool of ``max_connections``: a burst waits (up to ``timeout_s``) for a
-      free connection instead of failing, and Redis never sees more than that many from us;
-    - short timeouts, so the breaker and the failure policy take over quickly;
-    - one immediate retry on a connection error, so that after a Redis restart a pooled
-      connection to the old process is replaced rather than failing a request (timeouts
-      are not retried: that would only double the wait before the failure policy applies).
-    """
-    pool = BlockingConnectionPool.from_url(
-        url,
-        max_connections=max_connections,
-        timeout=timeout_s,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
-    )
-    return aioredis.Redis.from_pool(pool)
+def connect_redis(url: str, *, timeout_s: float = 1.0, max_connections: int = 256) -> RedisClient:
+    """The edge's Redis client for ``url``: one server, Sentinel or Cluster (see
+    :mod:`services.edge.redisconn` for the URL forms and the connection policy)."""
+    return connect(parse_redis_url(url), timeout_s=timeout_s, max_connections=max_connections)
 
 
 class EdgeServer:
@@ -115,7 +94,7 @@ class EdgeServer:
         self,
         *,
         config: EdgeConfig,
-        redis: aioredis.Redis,
+        redis: RedisClient,
         router: RouterClient,
         hasher: KeyHasher,
         clock: Clock = SYSTEM_CLOCK,
@@ -251,6 +230,7 @@ class EdgeServer:
         self._spawn(self.auth.listen(self._redis, self._stop))
         self._spawn(self.limiter.run(self._stop))
         self._spawn(self.router.run(self._stop))
+        self._spawn(follow_failovers(self._redis, self._stop))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.get_running_loop().create_task(coro))
