@@ -19,6 +19,7 @@ from services.router.scheduling.filters.model import ModelReadyFilter
 from services.router.scheduling.filters.residency import ResidencyFilter
 from services.router.scheduling.filters.stale import FreshReportFilter
 from services.router.scheduling.pickers.max_score import MaxScorePicker
+from services.router.scheduling.pickers.power_of_two import PowerOfTwoPicker
 from services.router.scheduling.pickers.round_robin import RoundRobinPicker
 from services.router.scheduling.pickers.weighted_random import WeightedRandomPicker
 from services.router.scheduling.plugin import Filter, Picker, Plugin, Scorer
@@ -60,6 +61,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     MaxScorePicker,
     WeightedRandomPicker,
     RoundRobinPicker,
+    PowerOfTwoPicker,
 )
 
 
