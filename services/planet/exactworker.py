@@ -29,6 +29,7 @@ class ExactWorker:
         self._sched = SimScheduler(config)
         self._jobs: dict[str, Job] = {}
         self._in_step = False
+        self._waking = False
 
     def submit(self, job: Job, now: float) -> None:
         messages = getattr(job.owner, "messages", ()) or _synthetic(job)
@@ -41,7 +42,7 @@ class ExactWorker:
         )
         self._sched.add(request, now)
         self._jobs[request.request_id] = job
-        if not self._in_step:
+        if not self._in_step and not self._waking:
             self._begin(now)
 
     def crash(self) -> list[Job]:
@@ -55,6 +56,7 @@ class ExactWorker:
     def wake(self, now: float) -> None:
         outputs = self._sched.end_step(now)
         self._in_step = False
+        self._waking = True  # jobs submitted by the callbacks join the next step
         for rid, out in outputs.items():
             job = self._jobs.get(rid)
             if job is None:
@@ -66,6 +68,7 @@ class ExactWorker:
             if out.finish_reason is not None:
                 del self._jobs[rid]
                 self.emit("done", job, now)
+        self._waking = False
         self._begin(now)
 
     def _begin(self, now: float) -> None:

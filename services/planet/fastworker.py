@@ -100,6 +100,7 @@ class FastWorker:
         self._c = 0.0
         self._k = 0
         self._work: list[tuple[Job, int]] | None = None  # a single step's work; None: a leap
+        self._waking = False  # inside wake(): submissions wait for its plan
         self._generated = WindowedSum(config.stats_window_s)
         self._hits = WindowedSum(config.stats_window_s)
         self._queried = WindowedSum(config.stats_window_s)
@@ -111,6 +112,8 @@ class FastWorker:
         job.order = self._order
         self._order += 1
         bisect.insort(self.waiting, job, key=_key)
+        if self._waking:
+            return
         if self.next_at == math.inf:
             self._plan(now)
         elif self._work is None and self._k > 1:
@@ -130,10 +133,12 @@ class FastWorker:
 
     def wake(self, now: float) -> None:
         """End the step or leap that ends now, then plan the next."""
+        self._waking = True
         if self._work is not None:
             self._end_single(now)
         else:
             self._end_leap(self._k, now)
+        self._waking = False
         self._plan(now)
 
     # --- load ----------------------------------------------------------------------------

@@ -142,6 +142,7 @@ class RouterSpec:
     probe_delay_s: float
     max_attempts: int
     connect_timeout_s: float
+    report_deadband: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -527,7 +528,7 @@ class _Builder:
     def router(self, node: Node) -> RouterSpec:
         keys = (
             "profile", "report_interval_ms", "route_ms", "early_report_load", "stale_after_ms",
-            "probe_delay_ms", "max_attempts", "connect_timeout_ms",
+            "probe_delay_ms", "max_attempts", "connect_timeout_ms", "report_deadband",
         )  # fmt: skip
         if node.missing:
             node = Node(self.problems, {}, "router")
@@ -547,6 +548,7 @@ class _Builder:
             probe_delay_s=node.get("probe_delay_ms").number(300.0, lo=0) / 1e3,
             max_attempts=node.get("max_attempts").integer(3, lo=1, hi=10),
             connect_timeout_s=node.get("connect_timeout_ms").number(1000.0, lo=1) / 1e3,
+            report_deadband=node.get("report_deadband").number(0.0, lo=0, hi=1),
         )
 
     # --- traffic -------------------------------------------------------------------------

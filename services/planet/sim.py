@@ -87,8 +87,11 @@ class Planet:
         *,
         profile: Path | None = None,
         progress: Callable[[float], None] | None = None,
+        record: bool = False,
     ) -> None:
         self.sc = sc
+        #: ``(ttft_ms, region)`` of every first token, when asked (small runs: fidelity checks)
+        self.records: list[tuple[float, str]] | None = [] if record else None
         self.profile = profile or sc.router.profile
         self.progress = progress
         self.clock = VirtualClock()
@@ -368,10 +371,12 @@ class Planet:
             if kind == "first":
                 if req.first_at is None:
                     req.first_at = t + net.to_edge_s(req.site, sw.region_index, True)
+                    ttft_ms = (req.first_at - req.arrived) * 1000.0
                     self.metrics.first_token(
-                        self.site_names[req.site], sw.region, req.tier.name.lower(),
-                        (req.first_at - req.arrived) * 1000.0,
-                    )  # fmt: skip
+                        self.site_names[req.site], sw.region, req.tier.name.lower(), ttft_ms
+                    )
+                    if self.records is not None:
+                        self.records.append((ttft_ms, sw.region))
                 return
             edge_t = t + net.to_edge_s(req.site, sw.region_index, False)
             first = req.first_at if req.first_at is not None else edge_t
@@ -427,10 +432,20 @@ class Planet:
         running, waiting, kv, tps, hit, gpu = eng.load(t)
         last = self.last_report[w]
         admitted = tuple(self.admitted[w])
-        changed = (
-            running != last.running or waiting != last.waiting or kv != last.kv or tps != last.tps
-            or hit != last.hit_rate or gpu != last.gpu or self.models[w] is not last.models
-        )  # fmt: skip
+        band = self.sc.router.report_deadband
+        if band == 0.0:  # what the worker does today: every report carries the latest figures
+            changed = (
+                running != last.running or waiting != last.waiting or kv != last.kv
+                or tps != last.tps or hit != last.hit_rate or gpu != last.gpu
+                or self.models[w] is not last.models
+            )  # fmt: skip
+        else:  # a proposed worker option: figures within the band of the last report are news to nobody
+            changed = (
+                running != last.running or waiting != last.waiting
+                or self.models[w] is not last.models or abs(kv - last.kv) >= band
+                or abs(tps - last.tps) >= band * max(last.tps, 1.0)
+                or abs(gpu - last.gpu) >= band or abs(hit - last.hit_rate) >= band
+            )  # fmt: skip
         if changed or admitted:
             rep = Report(t, running, waiting, kv, tps, hit, gpu, self.models[w], False, admitted)
             self.last_report[w] = rep
