@@ -16,6 +16,7 @@ from services.router.scheduling.filters.ejection import FailureEjectionFilter
 from services.router.scheduling.filters.exclude import ExcludeFilter
 from services.router.scheduling.filters.healthy import HealthyFilter
 from services.router.scheduling.filters.model import ModelReadyFilter
+from services.router.scheduling.filters.reserve import TierReserveFilter
 from services.router.scheduling.filters.residency import ResidencyFilter
 from services.router.scheduling.filters.stale import FreshReportFilter
 from services.router.scheduling.pickers.max_score import MaxScorePicker
@@ -46,6 +47,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     FreshReportFilter,
     FailureEjectionFilter,
     AdmissionFilter,
+    TierReserveFilter,
     # scorers
     LatencyScorer,
     LossScorer,
