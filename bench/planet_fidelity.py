@@ -21,7 +21,6 @@ import argparse
 import json
 import math
 import os
-import statistics
 import sys
 import tempfile
 from collections import Counter
@@ -73,7 +72,9 @@ def trace(asks: Sequence[rq.Ask], with_text: bool) -> list[dict[str, Any]]:
     return out
 
 
-def scenario(trace_path: Path, duration_s: float, profile: str, engine: str = "exact") -> dict[str, Any]:
+def scenario(
+    trace_path: Path, duration_s: float, profile: str, engine: str = "exact"
+) -> dict[str, Any]:
     cfg = rq.sim_config()
     regions = [
         {"code": "kr", "lat": 37.57, "lon": 126.98, "zone": "kr"},
@@ -87,13 +88,23 @@ def scenario(trace_path: Path, duration_s: float, profile: str, engine: str = "e
         "engine": engine,
         "world": {
             "regions": regions,
-            "sites": [{"name": "seoul", "lat": 37.57, "lon": 126.98, "utc_offset_h": 9, "zone": "kr"}],
+            "sites": [
+                {"name": "seoul", "lat": 37.57, "lon": 126.98, "utc_offset_h": 9, "zone": "kr"}
+            ],
         },
-        "network": {"links": [
-            {"site": "seoul", "region": r, "rtt_ms": 2 * d} for r, (d, _) in rq.REGIONS.items()
-        ]},  # fmt: skip
+        "network": {
+            "links": [
+                {"site": "seoul", "region": r, "rtt_ms": 2 * d} for r, (d, _) in rq.REGIONS.items()
+            ]
+        },
         "fleet": {
-            "gpus": {"sim": {"max_num_seqs": cfg.max_num_seqs, "output_len_min": 16, "output_len_max": 64}},
+            "gpus": {
+                "sim": {
+                    "max_num_seqs": cfg.max_num_seqs,
+                    "output_len_min": 16,
+                    "output_len_max": 64,
+                }
+            },
             "groups": [
                 {"regions": [r], "workers": n, "gpu": "sim", "models": [rq.MODEL]}
                 for r, (_, n) in rq.REGIONS.items()
@@ -105,14 +116,22 @@ def scenario(trace_path: Path, duration_s: float, profile: str, engine: str = "e
             "route_ms": ROUTE_MS,
         },
         "traffic": {"trace": str(trace_path)},
-        "background": [{"region": rq.HOT_REGION, "streams_per_worker": rq.HOT_SLOTS, "max_tokens": 128,
-                        "prompt_tokens": 12}],  # fmt: skip
+        "background": [
+            {
+                "region": rq.HOT_REGION,
+                "streams_per_worker": rq.HOT_SLOTS,
+                "max_tokens": 128,
+                "prompt_tokens": 12,
+            }
+        ],
         "slo": {"ttft_ms": 150},
         "report": {"sample_decisions": 0},
     }
 
 
-def simulate(trace_path: Path, duration_s: float, profile: str) -> tuple[list[float], Counter[str], int]:
+def simulate(
+    trace_path: Path, duration_s: float, profile: str
+) -> tuple[list[float], Counter[str], int]:
     sc = build(scenario(trace_path, duration_s, profile), source="hotspot", base=ROOT)
     planet = Planet(sc, record=True)
     planet.run()
@@ -174,21 +193,30 @@ def main(argv: list[str] | None = None) -> int:
         path = Path(tmp) / "trace.jsonl"
         path.write_text("\n".join(json.dumps(r) for r in trace(asks, with_text=True)) + "\n")
         load = os.getloadavg()[0]
-        print(f"hotspot fidelity: {len(asks)} requests over {args.duration:g}s, load average {load:.2f}")
-        print(f"{'profile':<15} {'TTFT p50 sim/real':>20} {'err':>6} {'TTFT p99 sim/real':>20} "
-              f"{'err':>6}  {'kr/jp/us sim':<14} {'kr/jp/us real':<14} {'split pts':>9}")  # fmt: skip
+        print(
+            f"hotspot fidelity: {len(asks)} requests over {args.duration:g}s, "
+            f"load average {load:.2f}"
+        )
+        print(
+            f"{'profile':<15} {'TTFT p50 sim/real':>20} {'err':>6} {'TTFT p99 sim/real':>20} "
+            f"{'err':>6}  {'kr/jp/us sim':<14} {'kr/jp/us real':<14} {'split pts':>9}"
+        )
         for profile in args.profiles:
             sim = simulate(path, args.duration, profile)
             if args.sim_only:
                 t, r, n = sim
                 split = "/".join(f"{100 * r[g] / max(1, n):.0f}" for g in rq.REGIONS)
-                print(f"{profile:<15} {pct(t, .5):>8.0f} ms {'':>17} {pct(t, .99):>8.0f} ms {'':>11} {split}")
+                print(
+                    f"{profile:<15} {pct(t, 0.5):>8.0f} ms {'':>17} "
+                    f"{pct(t, 0.99):>8.0f} ms {'':>11} {split}"
+                )
                 continue
             c = compare(sim, real(asks, profile, args.seed))
             ssplit = "/".join(f"{c[f'sim_{g}']:.0f}" for g in rq.REGIONS)
             rsplit = "/".join(f"{c[f'real_{g}']:.0f}" for g in rq.REGIONS)
             print(
-                f"{profile:<15} {c['sim_p50']:>8.0f} / {c['real_p50']:<6.0f}ms {100 * c['p50_error']:>+5.0f}% "
+                f"{profile:<15} {c['sim_p50']:>8.0f} / {c['real_p50']:<6.0f}ms "
+                f"{100 * c['p50_error']:>+5.0f}% "
                 f"{c['sim_p99']:>8.0f} / {c['real_p99']:<6.0f}ms {100 * c['p99_error']:>+5.0f}%  "
                 f"{ssplit:<14} {rsplit:<14} {c['split_points']:>8.1f}"
             )

@@ -130,9 +130,9 @@ class Demand:
         for si, ti, share in self.pairs:
             rate = tr.rate_per_s * self._pop_share[si] * self.diurnal(si, t) * share
             for start, end, site, tenant, factor in self._hotspots:
-                if start <= t < end and (not site or self.sites[si].name == site):
-                    if not tenant or self.tenants[ti].name == tenant:
-                        rate *= factor
+                here = not site or self.sites[si].name == site
+                if start <= t < end and here and (not tenant or self.tenants[ti].name == tenant):
+                    rate *= factor
             out.append(rate)
         return out
 
@@ -172,7 +172,7 @@ class Demand:
 
         assert isinstance(d, Distribution)
         v = math.exp(self.rng.gauss(d.mu(), d.sigma)) if d.sigma > 0 else d.median
-        return max(d.lo, min(d.hi, int(round(v))))
+        return max(d.lo, min(d.hi, round(v)))
 
     def _make(self, si: int, ti: int, t: float) -> Request:
         rng = self.rng
@@ -275,7 +275,9 @@ class Demand:
         )
 
 
-def _hashes(app: int, sys_tokens: int, cid: int, history: int, rid: int, prompt: int) -> tuple[int, ...]:
+def _hashes(
+    app: int, sys_tokens: int, cid: int, history: int, rid: int, prompt: int
+) -> tuple[int, ...]:
     """The edge's chained prefix hashes, as opaque ints: blocks of the tenant's system prompt
     (shared by its conversations), then of the conversation's history, then the new message."""
     n = min(prompt // HASH_BLOCK_TOKENS, MAX_HASH_BLOCKS)
@@ -284,6 +286,8 @@ def _hashes(app: int, sys_tokens: int, cid: int, history: int, rid: int, prompt:
     app_base = app << 12
     conv_base = (cid + (1 << 41)) << 12
     own = (rid + (1 << 42)) << 12
-    return tuple(range(app_base, app_base + a)) + tuple(range(conv_base + a, conv_base + h)) + tuple(
-        range(own + h, own + n)
+    return (
+        tuple(range(app_base, app_base + a))
+        + tuple(range(conv_base + a, conv_base + h))
+        + tuple(range(own + h, own + n))
     )

@@ -100,8 +100,10 @@ class ExactWorker:
         return bool(self._jobs)
 
 
-_WORDS = ("alpha", "bravo", "delta", "echo", "golf", "hotel", "india", "kilo", "lima", "mike",
-          "oscar", "papa", "romeo", "sierra", "tango", "victor", "whisky", "yankee", "zulu")  # fmt: skip
+_WORDS = (
+    "alpha", "bravo", "delta", "echo", "golf", "hotel", "india", "kilo", "lima", "mike",
+    "oscar", "papa", "romeo", "sierra", "tango", "victor", "whisky", "yankee", "zulu",
+)  # fmt: skip
 
 
 def _words(seed: object, n: int) -> str:

@@ -49,7 +49,9 @@ def run_one(sc: Scenario, profile: Path, progress: bool, label: str) -> dict[str
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(total=round(sc.duration_s), unit="sim s", desc=label, leave=True, file=sys.stderr)
+        bar = tqdm(
+            total=round(sc.duration_s), unit="sim s", desc=label, leave=True, file=sys.stderr
+        )
         state = {"t": 0}
 
         def callback(t: float) -> None:
@@ -70,7 +72,9 @@ def calibration() -> int:
     from services.planet.world import calibrate, read_calibration, read_regions
 
     regions = read_regions(ROOT / "deploy/sim/regions.csv")
-    model, residuals = calibrate(regions, read_calibration(ROOT / "deploy/sim/calibration.csv", regions))
+    model, residuals = calibrate(
+        regions, read_calibration(ROOT / "deploy/sim/calibration.csv", regions)
+    )
     print(f"path_stretch {model.path_stretch:.3f}, overhead {model.overhead_ms:.1f} ms")
     print(f"{'pair':<34} {'km':>6} {'measured':>9} {'model':>7} {'error':>7}")
     for r in sorted(residuals, key=lambda r: r.distance_km):
@@ -84,12 +88,18 @@ def calibration() -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.planet", description=__doc__.splitlines()[0])
     p.add_argument("--scenario", type=Path, help="scenario YAML (e.g. deploy/sim/planet.yaml)")
-    p.add_argument("--profiles", nargs="+", default=None,
-                   help="router profiles (names under deploy/router/profiles or .yaml paths); "
-                   "the first is the one compared with the others; default: the scenario's")  # fmt: skip
+    p.add_argument(
+        "--profiles",
+        nargs="+",
+        default=None,
+        help="router profiles (names under deploy/router/profiles or .yaml paths); the first is "
+        "the one compared with the others; default: the scenario's",
+    )
     p.add_argument("--duration", type=float, help="override duration_s")
     p.add_argument("--engine", choices=("fast", "exact"), help="override the engine model")
-    p.add_argument("--out", type=Path, default=ROOT / "bench/results/tmp/planet", help="report folder")
+    p.add_argument(
+        "--out", type=Path, default=ROOT / "bench/results/tmp/planet", help="report folder"
+    )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--calibration", action="store_true", help="print the RTT model's fit and exit")
     args = p.parse_args(argv)
@@ -128,9 +138,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         results.append(run_one(sc, prof, not args.no_progress, label))
         r = results[-1]
         print(
-            f"{label:<16} TTFT p50 {r['ttft_ms']['p50']:>7.0f} ms  p99 {r['ttft_ms']['p99']:>7.0f} ms  "
+            f"{label:<16} TTFT p50 {r['ttft_ms']['p50']:>7.0f} ms  "
+            f"p99 {r['ttft_ms']['p99']:>7.0f} ms  "
             f"goodput {100 * r['goodput']:5.1f} %  refused {r['refused_total']:>6}  "
-            f"residency violations {r['residency_violations']}  oscillation {r['oscillation']:.3f}  "
+            f"residency violations {r['residency_violations']}  "
+            f"oscillation {r['oscillation']:.3f}  "
             f"{r['run']['simulated_requests_per_wall_s']:,.0f} req/wall-s  "
             f"RSS {r['run']['peak_rss_mib']:,.0f} MiB"
         )
@@ -145,6 +157,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(
             f"{ours['profile']}: TTFT p99 {ours['ttft_ms']['p99'] / best99['ttft_ms']['p99']:.2f}x "
             f"{best99['profile']} (goal <= 0.5x); goodput "
-            f"{ours['goodput'] / max(bestg['goodput'], 1e-9):.2f}x {bestg['profile']} (goal >= 1.3x)"
+            f"{ours['goodput'] / max(bestg['goodput'], 1e-9):.2f}x {bestg['profile']} "
+            "(goal >= 1.3x)"
         )
     return 0

@@ -15,6 +15,7 @@ router flapping all of its traffic between two regions scores 1).
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections import Counter, defaultdict
@@ -106,7 +107,13 @@ class Metrics:
         self._new_interval()
 
     def _new_interval(self) -> None:
-        self._interval = {"ttft": Histogram(), "requests": 0, "refused": 0, "good": 0, "regions": Counter()}
+        self._interval = {
+            "ttft": Histogram(),
+            "requests": 0,
+            "refused": 0,
+            "good": 0,
+            "regions": Counter(),
+        }
 
     # --- recording -----------------------------------------------------------------------
 
@@ -195,7 +202,7 @@ class Metrics:
         if len(windows) < 2:
             return 0.0
         total = 0.0
-        for a, b in zip(windows, windows[1:], strict=False):
+        for a, b in itertools.pairwise(windows):
             na, nb = sum(a.values()), sum(b.values())
             keys = set(a) | set(b)
             total += 0.5 * sum(abs(a[k] / na - b[k] / nb) for k in keys)

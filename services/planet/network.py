@@ -37,7 +37,11 @@ class Network:
                 reg = sc.regions[r]
                 lk = pinned.get((s, r))
                 d = great_circle_km(site.lat, site.lon, reg.lat, reg.lon)
-                rtt = lk.rtt_ms if lk is not None and lk.rtt_ms is not None else sc.rtt_model.rtt_ms(d)
+                rtt = (
+                    lk.rtt_ms
+                    if lk is not None and lk.rtt_ms is not None
+                    else sc.rtt_model.rtt_ms(d)
+                )
                 loss = lk.loss if lk is not None and lk.loss is not None else sc.loss
                 rtts.append(rtt)
                 losses.append(loss)

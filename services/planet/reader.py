@@ -115,7 +115,9 @@ class Node:
             self.fail(f"must be an integer, got {v!r}")
             return default if default is not None else lo
         if v < lo or (hi is not None and v > hi):
-            self.fail(f"must be >= {lo}" + (f" and <= {hi}" if hi is not None else "") + f", got {v}")
+            self.fail(
+                f"must be >= {lo}" + (f" and <= {hi}" if hi is not None else "") + f", got {v}"
+            )
             return default if default is not None else lo
         return v
 

@@ -72,7 +72,11 @@ def summarise(planet: Planet, stats: RunStats, profile_name: str) -> dict[str, A
         "profile": profile_name,
         "engine": sc.engine,
         "duration_s": sc.duration_s,
-        "fleet": {"regions": len(sc.fleet_regions), "workers": len(sc.workers), "sites": len(sc.sites)},
+        "fleet": {
+            "regions": len(sc.fleet_regions),
+            "workers": len(sc.workers),
+            "sites": len(sc.sites),
+        },
         "slo": {"ttft_ms": sc.slo_ttft_ms, "itl_ms": sc.slo_itl_ms},
         "requests": arrivals,
         "goodput": round(m.goodput(), 4),
@@ -89,13 +93,20 @@ def summarise(planet: Planet, stats: RunStats, profile_name: str) -> dict[str, A
         "by_tier": groups["tier"],
         "series": m.series,
         "decisions_sampled": [
-            {"t_s": round(s.t, 3), "site": s.site, "tier": s.tier, "explanation": s.explanation,
-             "ranked": s.ranked}
+            {
+                "t_s": round(s.t, 3),
+                "site": s.site,
+                "tier": s.tier,
+                "explanation": s.explanation,
+                "ranked": s.ranked,
+            }
             for s in sorted(m.samples, key=lambda s: s.t)
-        ],  # fmt: skip
+        ],
         "run": {
             "wall_s": round(stats.wall_s, 2),
-            "simulated_requests_per_wall_s": round(stats.requests / stats.wall_s, 1) if stats.wall_s else None,
+            "simulated_requests_per_wall_s": round(stats.requests / stats.wall_s, 1)
+            if stats.wall_s
+            else None,
             "decisions": stats.decisions,
             "events": stats.events,
             "peak_rss_mib": round(stats.peak_rss_mib, 1),
@@ -136,7 +147,8 @@ def write_markdown(results: list[dict[str, Any]], out: Path) -> Path:
         lines.append(
             f"| {r['profile']} | {r['requests']:,} | {_fmt(r['ttft_ms']['p50'])} ms | "
             f"{_fmt(r['ttft_ms']['p99'])} ms | {r['itl_ms']['p50']:.1f} ms | "
-            f"{_fmt(r['e2e_ms']['p99'])} ms | {100 * r['goodput']:.1f} % | {r['refused_total']:,} | "
+            f"{_fmt(r['e2e_ms']['p99'])} ms | {100 * r['goodput']:.1f} % | "
+            f"{r['refused_total']:,} | "
             f"{r['residency_violations']} | {r['oscillation']:.3f} | "
             f"{r['run']['simulated_requests_per_wall_s']:,} | {r['run']['peak_rss_mib']:,.0f} MiB |"
         )
@@ -155,7 +167,10 @@ def write_markdown(results: list[dict[str, Any]], out: Path) -> Path:
         lines += ["", f"![{name}]({name})"]
     for r in results:
         lines += ["", f"## {r['profile']}", ""]
-        lines += ["| tier | requests | goodput | refused | TTFT p50 | TTFT p99 |", "|---|---:|---:|---:|---:|---:|"]
+        lines += [
+            "| tier | requests | goodput | refused | TTFT p50 | TTFT p99 |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
         for t, g in sorted(r["by_tier"].items()):
             tt = g.get("ttft_ms", {})
             lines.append(
@@ -169,7 +184,8 @@ def write_markdown(results: list[dict[str, Any]], out: Path) -> Path:
         for name, g in regions:
             tt = g.get("ttft_ms", {})
             lines.append(
-                f"| {name} | {100 * g.get('share', 0):.1f} % | {100 * g.get('utilisation', 0):.0f} % | "
+                f"| {name} | {100 * g.get('share', 0):.1f} % | "
+                f"{100 * g.get('utilisation', 0):.0f} % | "
                 f"{_fmt(tt.get('p50'))} ms | {_fmt(tt.get('p99'))} ms | "
                 f"{g.get('itl_ms', {}).get('p50', math.nan):.1f} ms |"
             )
@@ -182,10 +198,18 @@ def write_markdown(results: list[dict[str, Any]], out: Path) -> Path:
                 f"{_fmt(g.get('e2e_ms', {}).get('p50'))} ms |"
             )
         if r["refused"]:
-            lines += ["", "Refused (tier/reason): " + ", ".join(f"{k} {v:,}" for k, v in r["refused"].items())]
-        lines += ["", f"Run: {r['run']['wall_s']:,} s wall, {r['run']['decisions']:,} decisions, "
-                  f"{r['run']['events']:,} events; memory estimate {r['run']['memory_estimate_mib']:,} MiB "
-                  f"({r['run']['memory_breakdown']}), peak RSS {r['run']['peak_rss_mib']:,} MiB."]  # fmt: skip
+            lines += [
+                "",
+                "Refused (tier/reason): "
+                + ", ".join(f"{k} {v:,}" for k, v in r["refused"].items()),
+            ]
+        run = r["run"]
+        lines += [
+            "",
+            f"Run: {run['wall_s']:,} s wall, {run['decisions']:,} decisions, {run['events']:,} "
+            f"events; memory estimate {run['memory_estimate_mib']:,} MiB "
+            f"({run['memory_breakdown']}), peak RSS {run['peak_rss_mib']:,} MiB.",
+        ]
         if r["decisions_sampled"]:
             lines += ["", "Sample of decisions (reservoir over the run):", ""]
             for d in r["decisions_sampled"][:20]:
@@ -207,8 +231,12 @@ def _plots(results: list[dict[str, Any]], out: Path) -> list[str]:
         s = r["series"]
         t = [row["t_s"] / 60 for row in s]
         axes[0].plot(t, [row["ttft_p99_ms"] for row in s], label=f"{r['profile']} p99")
-        axes[0].plot(t, [row["ttft_p50_ms"] for row in s], linestyle=":", label=f"{r['profile']} p50")
-        axes[1].plot(t, [100 * row["good"] / max(1, row["requests"]) for row in s], label=r["profile"])
+        axes[0].plot(
+            t, [row["ttft_p50_ms"] for row in s], linestyle=":", label=f"{r['profile']} p50"
+        )
+        axes[1].plot(
+            t, [100 * row["good"] / max(1, row["requests"]) for row in s], label=r["profile"]
+        )
     axes[0].set_ylabel("TTFT (ms)")
     axes[0].set_yscale("log")
     axes[0].legend(fontsize=7, ncol=2)
@@ -229,7 +257,10 @@ def _plots(results: list[dict[str, Any]], out: Path) -> list[str]:
         fig, ax = plt.subplots(figsize=(10, 4))
         t = [row["t_s"] / 60 for row in r["series"]]
         stacks = [[row["regions"].get(name, 0) for row in r["series"]] for name in top]
-        other = [sum(row["regions"].values()) - sum(s[i] for s in stacks) for i, row in enumerate(r["series"])]
+        other = [
+            sum(row["regions"].values()) - sum(s[i] for s in stacks)
+            for i, row in enumerate(r["series"])
+        ]
         ax.stackplot(t, *stacks, other, labels=[*top, "other"])
         ax.set_ylabel("requests routed per interval")
         ax.set_xlabel("simulated minutes")

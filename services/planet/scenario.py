@@ -49,7 +49,7 @@ TIERS = {"low": Priority.LOW, "standard": Priority.STANDARD, "high": Priority.HI
 #: Default diurnal shape (relative demand by local hour, 0..23): a trough before dawn at about a
 #: third of the afternoon peak, business hours and the evening high. An assumption of this
 #: model (shape of typical interactive web traffic), overridable per scenario.
-DEFAULT_DIURNAL = (
+DEFAULT_DIURNAL: tuple[float, ...] = (
     0.45, 0.38, 0.33, 0.30, 0.30, 0.33, 0.42, 0.55, 0.72, 0.86, 0.95, 1.00,
     1.00, 0.98, 0.97, 0.96, 0.95, 0.93, 0.92, 0.93, 0.92, 0.85, 0.72, 0.57,
 )  # fmt: skip
@@ -288,7 +288,9 @@ class _Builder:
             slo_itl = None if itl.missing else itl.number(lo=0, lo_open=True)
         rep = r.get("report")
         interval, sample, osc = 60.0, 40, 10.0
-        if not rep.missing and rep.mapping(("interval_s", "sample_decisions", "oscillation_window_s")):
+        if not rep.missing and rep.mapping(
+            ("interval_s", "sample_decisions", "oscillation_window_s")
+        ):
             interval = rep.get("interval_s").number(60.0, lo=0, lo_open=True)
             sample = rep.get("sample_decisions").integer(40, lo=0, hi=10_000)
             osc = rep.get("oscillation_window_s").number(10.0, lo=0, lo_open=True)
@@ -344,13 +346,17 @@ class _Builder:
             if isinstance(regions_node.value, list):
                 self.regions = self.inline_regions(regions_node)
             else:
-                p = self.path(regions_node if not regions_node.missing else _str(node, "regions", defaults))
+                p = self.path(
+                    regions_node if not regions_node.missing else _str(node, "regions", defaults)
+                )
                 self.regions = read_regions(p)
             sites_node = node.get("sites")
             if isinstance(sites_node.value, list):
                 self.sites = self.inline_sites(sites_node)
             else:
-                p = self.path(sites_node if not sites_node.missing else _str(node, "sites", defaults))
+                p = self.path(
+                    sites_node if not sites_node.missing else _str(node, "sites", defaults)
+                )
                 self.sites = read_sites(p)
             cal = node.get("calibration")
             if isinstance(cal.value, Mapping):
@@ -477,7 +483,9 @@ class _Builder:
             count = g.get("workers").integer(lo=1, hi=100_000)
             gpu = g.get("gpu").string()
             if gpu and gpu not in gpus:
-                g.get("gpu").fail(f"unknown gpu {gpu!r} (known: {', '.join(sorted(gpus)) or 'none'})")
+                g.get("gpu").fail(
+                    f"unknown gpu {gpu!r} (known: {', '.join(sorted(gpus)) or 'none'})"
+                )
                 continue
             models = tuple(g.get("models").strings())
             config = gpus.get(gpu)
@@ -534,8 +542,12 @@ class _Builder:
             node = Node(self.problems, {}, "router")
         node.mapping(keys)
         profile = node.get("profile")
-        path = self.path(profile) if not profile.missing else self.path(
-            Node(self.problems, "deploy/router/profiles/default.yaml", "router.profile")
+        path = (
+            self.path(profile)
+            if not profile.missing
+            else self.path(
+                Node(self.problems, "deploy/router/profiles/default.yaml", "router.profile")
+            )
         )
         if not path.exists():
             profile.fail(f"no such profile file: {path}")
@@ -558,7 +570,9 @@ class _Builder:
         if not node.mapping(("rate_per_s", "diurnal", "mixes", "tenants", "trace")):
             return empty
         if node.has("trace"):
-            return Traffic(0.0, DEFAULT_DIURNAL, (), (), self.trace(node.get("trace"), sites, models))
+            return Traffic(
+                0.0, DEFAULT_DIURNAL, (), (), self.trace(node.get("trace"), sites, models)
+            )
         rate = node.get("rate_per_s").number(lo=0, lo_open=True)
         diurnal = DEFAULT_DIURNAL
         dn = node.get("diurnal")
@@ -578,7 +592,9 @@ class _Builder:
                 continue
             model = el.get("model").string()
             if model and model not in models:
-                el.get("model").fail(f"no worker serves model {model!r} (served: {', '.join(sorted(models))})")
+                el.get("model").fail(
+                    f"no worker serves model {model!r} (served: {', '.join(sorted(models))})"
+                )
             mixes.append(
                 Mix(
                     name=el.get("name").string(),
@@ -604,7 +620,9 @@ class _Builder:
                 zones = {r.zone for r in self.regions.values()}
                 for z in residency:
                     if z != "local" and z not in zones:
-                        res_node.fail(f"unknown zone {z!r} (known: local, any, {', '.join(sorted(zones))})")
+                        res_node.fail(
+                            f"unknown zone {z!r} (known: local, any, {', '.join(sorted(zones))})"
+                        )
             site_set: frozenset[str] = frozenset()
             if el.has("sites"):
                 names = el.get("sites").strings()
@@ -727,7 +745,9 @@ class _Builder:
                     el.get("region").fail(f"no worker in region {region!r}")
                 ev = _replace(ev, region=region)
             if kind == "region-outage":
-                ev = _replace(ev, mode=el.get("mode").string("crash", choices=("crash", "partition")))
+                ev = _replace(
+                    ev, mode=el.get("mode").string("crash", choices=("crash", "partition"))
+                )
             if kind == "worker-crash":
                 ev = _replace(ev, count=el.get("count").integer(1, lo=1))
             if kind in ("link-degraded", "hotspot"):
@@ -754,7 +774,9 @@ class _Builder:
                         el.get("regions").fail(f"no worker in region {r!r}")
                 if model and traffic.mixes and model not in models:
                     el.get("model").fail(f"no request mix asks for model {model!r}")
-                ev = _replace(ev, model=model, regions=tuple(rs), load_s=el.get("load_s").number(30.0, lo=0))
+                ev = _replace(
+                    ev, model=model, regions=tuple(rs), load_s=el.get("load_s").number(30.0, lo=0)
+                )
             out.append(ev)
         return out
 

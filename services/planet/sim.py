@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from services.planet.demand import Demand, Request
 from services.planet.exactworker import ExactWorker
@@ -101,7 +101,13 @@ class Planet:
         self.site_names = list(sc.sites)
         self.network = Network(sc, self.site_names, self.regions, sc.seed + 17)
         self.static = [
-            StaticWorker(w.worker_id, w.region, self.region_index[w.region], f"sim://{w.worker_id}", w.config.max_num_seqs)
+            StaticWorker(
+                w.worker_id,
+                w.region,
+                self.region_index[w.region],
+                f"sim://{w.worker_id}",
+                w.config.max_num_seqs,
+            )
             for w in sc.workers
         ]
         self.index = {w.worker_id: i for i, w in enumerate(self.static)}
@@ -114,7 +120,9 @@ class Planet:
             for w in sc.workers
         ]
         self.logs = [RegionLog() for _ in self.regions]
-        self.last_report: list[Report] = [self._idle_report(i, 0.0) for i in range(len(self.engines))]
+        self.last_report: list[Report] = [
+            self._idle_report(i, 0.0) for i in range(len(self.engines))
+        ]
         self.report_version = [0] * len(self.engines)
         self.report_pending = [False] * len(self.engines)
         self.report_anchor = [self.rng.random() * sc.router.report_interval_s for _ in self.engines]
@@ -185,7 +193,12 @@ class Planet:
         for i, ev in enumerate(sc.events):
             self.push(ev.at_s, FAULT, i, True)
             if ev.duration_s is not None:
-                self.push(ev.at_s + ev.duration_s + (ev.load_s if ev.kind == "model-rollout" else 0), FAULT, i, False)
+                self.push(
+                    ev.at_s + ev.duration_s + (ev.load_s if ev.kind == "model-rollout" else 0),
+                    FAULT,
+                    i,
+                    False,
+                )
             if ev.kind == "model-rollout":
                 self.push(ev.at_s + ev.load_s, FAULT, i, "ready")
         for bg in sc.background:
@@ -193,7 +206,9 @@ class Planet:
             for w, sw in enumerate(self.static):
                 if sw.region_index == g:
                     for _ in range(bg.streams_per_worker):
-                        self._start_background(w, BackgroundStream(g, bg.prompt_tokens, bg.max_tokens), 0.0)
+                        self._start_background(
+                            w, BackgroundStream(g, bg.prompt_tokens, bg.max_tokens), 0.0
+                        )
         self.push(1.0, TICK, 1)
         heap = self.heap
         end = sc.duration_s
@@ -365,7 +380,7 @@ class Planet:
                 if kind == "done":
                     self._start_background(w, owner, t)
                 return
-            req: Request = owner
+            req = cast(Request, owner)
             sw = self.static[w]
             net = self.network
             if kind == "first":
@@ -439,7 +454,7 @@ class Planet:
                 or tps != last.tps or hit != last.hit_rate or gpu != last.gpu
                 or self.models[w] is not last.models
             )  # fmt: skip
-        else:  # a proposed worker option: figures within the band of the last report are news to nobody
+        else:  # a proposed worker option: figures within the band are news to nobody
             changed = (
                 running != last.running or waiting != last.waiting
                 or self.models[w] is not last.models or abs(kv - last.kv) >= band
@@ -471,7 +486,9 @@ class Planet:
                         self._revive(w, t)
         elif ev.kind == "worker-crash":
             if phase is True:
-                victims = [w for w, sw in enumerate(self.static) if sw.region_index == g and self.up[w]]
+                victims = [
+                    w for w, sw in enumerate(self.static) if sw.region_index == g and self.up[w]
+                ]
                 chosen = self.rng.sample(victims, min(ev.count, len(victims)))
                 self._crashed = chosen
                 for w in chosen:
@@ -528,8 +545,12 @@ class Planet:
             owner = job.owner
             if isinstance(owner, BackgroundStream):
                 continue
-            req: Request = owner
-            delay = self.sc.router.connect_timeout_s if mode == "partition" else self.network.one_way_s(req.site, g)
+            req = cast(Request, owner)
+            delay = (
+                self.sc.router.connect_timeout_s
+                if mode == "partition"
+                else self.network.one_way_s(req.site, g)
+            )
             if req.first_at is not None:  # streaming: resume elsewhere from what was delivered
                 req.delivered += job.out
                 req.resumed = True
@@ -551,4 +572,6 @@ class Planet:
         for bg in self.sc.background:
             if self.region_index[bg.region] == g:
                 for _ in range(bg.streams_per_worker):
-                    self._start_background(w, BackgroundStream(g, bg.prompt_tokens, bg.max_tokens), t)
+                    self._start_background(
+                        w, BackgroundStream(g, bg.prompt_tokens, bg.max_tokens), t
+                    )

@@ -31,6 +31,7 @@ import itertools
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from services.router.scheduling.types import ModelStatus, WorkerSnapshot
 
@@ -175,14 +176,14 @@ class SiteView:
 
     def _apply(self, at: float, kind: int, w: int, payload: object) -> None:
         if kind == OUTCOME:
-            rid, failed = payload  # type: ignore[misc]
+            rid, failed = cast(tuple[int, bool], payload)
             self.assigned[w].pop(rid, None)
             if failed:
                 self.failures[w].append(at)
                 self.later(at + FAILURE_WINDOW_S, EXPIRE, w)
             self._touch(w)
         elif kind == HEALTH:
-            self.health[w] = payload  # type: ignore[assignment]
+            self.health[w] = cast(tuple[bool, str], payload)
             self._touch(w)
         elif kind == EXPIRE:
             f = self.failures[w]
@@ -190,7 +191,7 @@ class SiteView:
                 f.popleft()
             self._touch(w)
         elif kind == LINK:
-            rtt, loss = payload  # type: ignore[misc]
+            rtt, loss = cast(tuple[float, float], payload)
             self.rtt_ms[w] = rtt
             self.loss[w] = loss
             for i, sw in enumerate(self.workers):

@@ -34,7 +34,9 @@ def arrivals(seed: int, n: int, rate: float, max_words: int) -> list[tuple[float
     return out
 
 
-def exact(cfg: SimConfig, reqs: list[tuple[float, EngineRequest]]) -> dict[str, tuple[float, float]]:
+def exact(
+    cfg: SimConfig, reqs: list[tuple[float, EngineRequest]]
+) -> dict[str, tuple[float, float]]:
     sch = SimScheduler(cfg)
     first: dict[str, float] = {}
     done: dict[str, float] = {}

@@ -33,7 +33,9 @@ def profile_with(kind: str, name: str) -> dict[str, Any]:
         scorers = [{"type": name, "weight": 1}]
     elif kind == "picker":
         picker = {"type": name}
-    return {"profiles": {f"with-{name}": {"filters": filters, "scorers": scorers, "picker": picker}}}
+    return {
+        "profiles": {f"with-{name}": {"filters": filters, "scorers": scorers, "picker": picker}}
+    }
 
 
 CASES = [(kind, name) for kind in ("filter", "scorer", "picker") for name in REGISTRY.names(kind)]

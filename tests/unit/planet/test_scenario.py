@@ -17,7 +17,8 @@ from .conftest import ROOT
 @pytest.mark.parametrize("name", ["planet", "planet-10min", "hotspot"])
 def test_shipped_scenarios_load(name: str) -> None:
     sc = load_scenario(ROOT / "deploy/sim" / f"{name}.yaml")
-    assert sc.workers and sc.sites
+    assert sc.workers
+    assert sc.sites
 
 
 def test_the_planet_is_the_size_the_issue_asks_for() -> None:
@@ -41,20 +42,56 @@ def problems(doc: dict[str, Any]) -> tuple[str, ...]:
     [
         (lambda d: d.update(duraton_s=5), "duraton_s: unknown key"),
         (lambda d: d.update(duration_s=-1), "duration_s: must be > 0"),
-        (lambda d: d["fleet"]["groups"][0].update(gpu="h1000"), "fleet.groups[0].gpu: unknown gpu 'h1000'"),
-        (lambda d: d["fleet"]["groups"][1].update(regions=["mars"]), "fleet.groups[1].regions: unknown region 'mars'"),
-        (lambda d: d["fleet"]["gpus"]["small"].update(max_num_seqs=0), "fleet.gpus.small.max_num_seqs"),
-        (lambda d: d["traffic"]["mixes"][0].update(model="gpt-9"), "traffic.mixes[0].model: no worker serves model 'gpt-9'"),
-        (lambda d: d["traffic"]["mixes"][0]["prompt_tokens"].update(median=0), "traffic.mixes[0].prompt_tokens.median: must be >= 1"),
-        (lambda d: d["traffic"]["tenants"][1].update(residency="moon"), "traffic.tenants[1].residency: unknown zone 'moon'"),
-        (lambda d: d["traffic"]["tenants"][0].update(tier="gold"), "traffic.tenants[0].tier: must be one of"),
-        (lambda d: d.update(events=[{"kind": "region-outage", "region": "eu", "at_s": 1}]), "events[0].region: no worker in region 'eu'"),
-        (lambda d: d.update(events=[{"kind": "meteor", "at_s": 1}]), "events[0].kind: must be one of"),
-        (lambda d: d.update(events=[{"kind": "hotspot", "at_s": 99, "factor": 2}]), "events[0].at_s: is after the end"),
-        (lambda d: d.update(router={"profile": "nope.yaml"}), "router.profile: no such profile file"),
-        (lambda d: d.update(router={"report_interval_ms": 1}), "router.report_interval_ms: must be >= 20"),
+        (
+            lambda d: d["fleet"]["groups"][0].update(gpu="h1000"),
+            "fleet.groups[0].gpu: unknown gpu 'h1000'",
+        ),
+        (
+            lambda d: d["fleet"]["groups"][1].update(regions=["mars"]),
+            "fleet.groups[1].regions: unknown region 'mars'",
+        ),
+        (
+            lambda d: d["fleet"]["gpus"]["small"].update(max_num_seqs=0),
+            "fleet.gpus.small.max_num_seqs",
+        ),
+        (
+            lambda d: d["traffic"]["mixes"][0].update(model="gpt-9"),
+            "traffic.mixes[0].model: no worker serves model 'gpt-9'",
+        ),
+        (
+            lambda d: d["traffic"]["mixes"][0]["prompt_tokens"].update(median=0),
+            "traffic.mixes[0].prompt_tokens.median: must be >= 1",
+        ),
+        (
+            lambda d: d["traffic"]["tenants"][1].update(residency="moon"),
+            "traffic.tenants[1].residency: unknown zone 'moon'",
+        ),
+        (
+            lambda d: d["traffic"]["tenants"][0].update(tier="gold"),
+            "traffic.tenants[0].tier: must be one of",
+        ),
+        (
+            lambda d: d.update(events=[{"kind": "region-outage", "region": "eu", "at_s": 1}]),
+            "events[0].region: no worker in region 'eu'",
+        ),
+        (
+            lambda d: d.update(events=[{"kind": "meteor", "at_s": 1}]),
+            "events[0].kind: must be one of",
+        ),
+        (
+            lambda d: d.update(events=[{"kind": "hotspot", "at_s": 99, "factor": 2}]),
+            "events[0].at_s: is after the end",
+        ),
+        (
+            lambda d: d.update(router={"profile": "nope.yaml"}),
+            "router.profile: no such profile file",
+        ),
+        (
+            lambda d: d.update(router={"report_interval_ms": 1}),
+            "router.report_interval_ms: must be >= 20",
+        ),
         (lambda d: d.update(sites=["seoul", "paris"]), "sites: unknown site 'paris'"),
-    ],  # fmt: skip
+    ],
 )
 def test_a_bad_scenario_names_the_key(small: dict[str, Any], edit: Any, expected: str) -> None:
     edit(small)
@@ -77,10 +114,13 @@ def test_a_scenario_too_large_for_memory_is_refused_up_front_with_the_estimate(
     with pytest.raises(ScenarioTooLarge) as err:
         check_memory(sc)
     assert err.value.estimate_mib > 50
-    assert "MiB" in str(err.value) and "router views" in str(err.value)
+    assert "MiB" in str(err.value)
+    assert "router views" in str(err.value)
 
 
-def test_the_command_exits_2_naming_the_problem(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_the_command_exits_2_naming_the_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("name: x\nduration_s: ten\n")
     assert main(["--scenario", str(bad), "--no-progress"]) == 2

@@ -19,7 +19,9 @@ def run(doc: dict[str, Any]) -> Planet:
     return planet
 
 
-def test_pinned_tenants_are_served_only_in_their_zone_even_when_it_is_full(small: dict[str, Any]) -> None:
+def test_pinned_tenants_are_served_only_in_their_zone_even_when_it_is_full(
+    small: dict[str, Any],
+) -> None:
     small["traffic"]["rate_per_s"] = 60  # more than kr and jp hold
     small["traffic"]["tenants"][1]["share"] = 0.8
     planet = run(small)
@@ -47,14 +49,18 @@ def test_a_region_outage_moves_traffic_away_and_back(small: dict[str, Any]) -> N
     assert sum(m.refused.values()) < 0.05 * planet.requests  # kr + us are smaller: a few shed
 
 
-def test_a_low_tier_flood_is_shed_and_the_high_tier_keeps_its_latency(small: dict[str, Any]) -> None:
+def test_a_low_tier_flood_is_shed_and_the_high_tier_keeps_its_latency(
+    small: dict[str, Any],
+) -> None:
     small["duration_s"] = 30
     small["traffic"]["tenants"] = [
         {"name": "vip", "share": 0.2, "tier": "high"},
         {"name": "batch", "share": 0.8, "tier": "low"},
     ]
     calm = run(small).metrics
-    small["events"] = [{"kind": "hotspot", "tenant": "batch", "factor": 8, "at_s": 5, "duration_s": 25}]
+    small["events"] = [
+        {"kind": "hotspot", "tenant": "batch", "factor": 8, "at_s": 5, "duration_s": 25}
+    ]
     flood = run(small).metrics
     assert sum(n for (t, _), n in flood.refused.items() if t == "low") > 100
     assert sum(n for (t, _), n in flood.refused.items() if t == "high") == 0
