@@ -109,6 +109,9 @@ class Demand:
         self._t = 0.0
         self._trace = tr.trace
         self._trace_i = 0
+        # A client keeps its prompt within the context it is served with (a longer one would be
+        # refused, 400): the smallest context among the workers.
+        self._max_len = min((w.config.max_model_len for w in sc.workers), default=8192)
 
     # --- rates ---------------------------------------------------------------------------
 
@@ -194,7 +197,7 @@ class Demand:
             conv = Conversation(next(self._cid))
             history = sys_tokens
         prompt = history + message
-        limit = 8192  # trimmed like a client would, keeping the answer room
+        limit = self._max_len  # trimmed like a client would, keeping the answer room
         if prompt + output > limit:
             prompt = max(1, limit - output)
             history = min(history, prompt - 1)
