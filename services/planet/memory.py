@@ -1,7 +1,7 @@
 """How much memory a scenario will need, estimated before anything is built.
 
-The big terms, each measured on CPython 3.11 (``tests/unit/planet/test_memory.py`` checks the
-estimate against a real run within a factor of two):
+The big terms, each measured on CPython 3.11 (every run reports the estimate beside the peak
+RSS it reached, so the two can be compared: bench/README.md):
 
 - per replica and worker: one ``WorkerSnapshot`` row (~260 B) and, per query class the
   scheduler sees (model × tier × residency set, at most its 64), the incremental view's columns
