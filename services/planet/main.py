@@ -85,6 +85,24 @@ def calibration() -> int:
     return 0
 
 
+def combine(paths: list[Path], out: Path, p: argparse.ArgumentParser) -> int:
+    import json
+
+    from services.planet.report import write_json, write_markdown
+
+    results: list[dict[str, Any]] = []
+    for path in paths:
+        try:
+            loaded = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            p.error(f"--combine: cannot read {path}: {err}")
+        results.extend(loaded if isinstance(loaded, list) else [loaded])
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(results, out / "results.json")
+    print(f"report: {write_markdown(results, out)}")
+    return 0
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.planet", description=__doc__.splitlines()[0])
     p.add_argument("--scenario", type=Path, help="scenario YAML (e.g. deploy/sim/planet.yaml)")
@@ -102,9 +120,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--calibration", action="store_true", help="print the RTT model's fit and exit")
+    p.add_argument(
+        "--combine",
+        nargs="+",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="write one comparison report from earlier runs' results.json (profiles run in "
+        "parallel processes); the first is the one compared with the others",
+    )
     args = p.parse_args(argv)
     if args.calibration:
         return calibration()
+    if args.combine:
+        return combine(args.combine, args.out, p)
     if args.scenario is None:
         p.error("--scenario is required")
     if args.duration is not None and not args.duration > 0:
