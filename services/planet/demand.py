@@ -77,7 +77,10 @@ class Demand:
 
     def __init__(self, sc: Scenario, allowed_for: dict[tuple[str, str], frozenset[str]]) -> None:
         self.sc = sc
-        self.rng = random.Random(sc.seed * 7919 + 1)
+        self.rng = random.Random(sc.seed * 7919 + 1)  # what each request asks
+        # When and where requests arrive: a stream of its own, so every profile gets the same
+        # arrivals even though conversations continue differently under different routing.
+        self.clock_rng = random.Random(sc.seed * 7919 + 2)
         self.sites = list(sc.sites.values())
         self.site_index = {s.name: i for i, s in enumerate(self.sites)}
         tr = sc.traffic
@@ -158,12 +161,12 @@ class Demand:
             if self._total <= 0:
                 self._t = self._piece_end
             else:
-                gap = self.rng.expovariate(self._total)
+                gap = self.clock_rng.expovariate(self._total)
                 if self._t + gap < self._piece_end:
                     self._t += gap
                     if self._t >= end:
                         return None
-                    k = bisect.bisect_right(self._cum, self.rng.random() * self._total)
+                    k = bisect.bisect_right(self._cum, self.clock_rng.random() * self._total)
                     si, ti, _ = self.pairs[min(k, len(self.pairs) - 1)]
                     return self._make(si, ti, self._t)
                 self._t = self._piece_end  # memoryless: restart in the next piece
