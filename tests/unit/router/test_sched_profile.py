@@ -49,7 +49,8 @@ def problems(doc: Any) -> tuple[str, ...]:
 
 
 @pytest.mark.parametrize(
-    "name", ["default", "round-robin", "nearest-region", "least-loaded", "power-of-two"]
+    "name",
+    ["default", "default-spread", "round-robin", "nearest-region", "least-loaded", "power-of-two"],
 )
 def test_shipped_profiles_load(name: str) -> None:
     scheduler = load_profile(PROFILES / f"{name}.yaml")
