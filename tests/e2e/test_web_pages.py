@@ -136,7 +136,8 @@ def test_a_reply_streams_in_and_shows_where_and_how_fast(page: Page, stack: Stac
           new MutationObserver(() => {
             const b = document.querySelector('.msg.assistant.streaming .bubble');
             if (b) window.__lengths.push(b.textContent.length);
-          }).observe(document.getElementById('messages'), {subtree: true, childList: true, characterData: true});
+          }).observe(document.getElementById('messages'),
+                     {subtree: true, childList: true, characterData: true});
         }"""
     )
     page.route("**/v1/chat/completions", lambda r: _bounded(r, 160))
@@ -151,15 +152,18 @@ def test_a_reply_streams_in_and_shows_where_and_how_fast(page: Page, stack: Stac
     }
     assert meta["region"] in {"kr", "jp", "us"}
     assert meta["worker"].startswith(meta["region"] + "-")
-    assert meta["ttft"].endswith(" ms") and float(meta["ttft"].split()[0]) > 0
+    assert meta["ttft"].endswith(" ms")
+    assert float(meta["ttft"].split()[0]) > 0
     assert float(meta["tps"]) > 0
     assert meta["attempts"] == "1"
     prompt_tokens, completion_tokens = (int(n) for n in meta["tokens"].split(" / "))
-    assert prompt_tokens > 0 and completion_tokens == 160
+    assert prompt_tokens > 0
+    assert completion_tokens == 160
     page.click(".msg.assistant .why-button")
     page.wait_for_selector(".why table")
     why = page.inner_text(".why")
-    assert "Deciding signal" in why and meta["worker"] in why
+    assert "Deciding signal" in why
+    assert meta["worker"] in why
     assert page.locator(".why .winner td").first.inner_text() == meta["worker"]
     shot(page, "chat")
 
@@ -238,7 +242,8 @@ def test_model_output_with_html_renders_as_text(page: Page, stack: StackProcess)
     assert '<img src="x" onerror=' in text
     assert bubble.locator("script, img, iframe, [onerror]").count() == 0
     links = bubble.locator("a")
-    assert links.count() == 1 and links.inner_text() == "a link"
+    assert links.count() == 1
+    assert links.inner_text() == "a link"
     assert links.get_attribute("href") is None
     links.click()
     page.wait_for_timeout(300)
@@ -277,7 +282,8 @@ def test_the_console_needs_a_session_and_an_api_key_is_not_one(stack: StackProce
         data=urllib.parse.urlencode({"token": stack.key}).encode(),
         headers={"Content-Type": "application/x-www-form-urlencoded"},
     )
-    assert status == 303 and headers["Location"] == "/console?denied=1"
+    assert status == 303
+    assert headers["Location"] == "/console?denied=1"
     assert "Set-Cookie" not in headers
 
 
@@ -414,7 +420,8 @@ def test_flooding_the_near_region_saturates_it_on_the_map_and_moves_decisions(
         arrows = page.eval_on_selector_all(
             "#arrows path[data-region]", "ps => ps.map(p => p.dataset.region)"
         )
-        assert arrows and arrows.count("kr") <= len(arrows) // 5, arrows
+        assert arrows
+        assert arrows.count("kr") <= len(arrows) // 5, arrows
         saturated = page.eval_on_selector_all(
             "#workers tr[data-saturated=true]", "rs => rs.map(r => r.dataset.worker)"
         )

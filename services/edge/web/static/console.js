@@ -39,7 +39,7 @@
   const pct = (n) => (n == null || !Number.isFinite(n) ? "–" : `${Math.round(n * 100)} %`);
   const sigClass = (s) => `sig-${SIGNALS.includes(s) ? s : "other"}`;
 
-  const view = { site: null, regions: new Map() };
+  const view = { site: null, regions: new Map(), frame: null, world: [-180, -85, 360, 145], fit: true };
   const recent = []; // {at, region} of decisions drawn, for the share panel
 
   // --- map -----------------------------------------------------------------------------------
@@ -49,13 +49,44 @@
       const resp = await fetch("/static/world.json");
       const world = await resp.json();
       $("land").setAttribute("d", world.land);
-      $("map").setAttribute("viewBox", world.viewBox.join(" "));
+      view.world = world.viewBox;
+      frame();
     } catch (_) {
       /* no map geometry: places and arrows still draw on the blank sea */
     }
   }
 
-  const xy = (place) => [place.lon, -place.lat];
+  // The map frames the site and every region (the Pacific included: longitudes are taken
+  // relative to the site, and the land is drawn three times, 360° apart); "World" shows all.
+  const unwrap = (lon) => {
+    const base = view.site && view.site.lon != null ? view.site.lon : 0;
+    return base + ((((lon - base + 540) % 360) + 360) % 360) - 180;
+  };
+  const xy = (place) => [view.fit ? unwrap(place.lon) : place.lon, -place.lat];
+  let scale = 1;
+
+  function frame() {
+    const [wx, wy, ww, wh] = view.world;
+    const places = [view.site, ...view.regions.values()].filter((p) => p && p.lat != null);
+    let box = [wx, wy, ww, wh];
+    if (view.fit && places.length >= 2) {
+      const xs = places.map((p) => xy(p)[0]);
+      const ys = places.map((p) => xy(p)[1]);
+      let w = Math.max(40, Math.max(...xs) - Math.min(...xs) + 30);
+      let h = Math.max(20, Math.max(...ys) - Math.min(...ys) + 24);
+      const aspect = ww / wh;
+      if (w / h > aspect) h = w / aspect;
+      else w = h * aspect;
+      w = Math.min(w, ww);
+      h = Math.min(h, wh);
+      const cx = (Math.max(...xs) + Math.min(...xs)) / 2;
+      const cy = Math.min(Math.max((Math.max(...ys) + Math.min(...ys)) / 2, wy + h / 2), wy + wh - h / 2);
+      box = [cx - w / 2, cy - h / 2, w, h];
+    }
+    scale = box[2] / ww;
+    $("map").setAttribute("viewBox", box.map((n) => n.toFixed(2)).join(" "));
+    $("fit").textContent = view.fit ? "World" : "Fit the fleet";
+  }
 
   function drawSite(site) {
     const g = $("site");
@@ -63,10 +94,11 @@
     $("site-name").textContent = site ? `— site ${site.name}` : "";
     if (!site || site.lat == null) return;
     const [x, y] = xy(site);
-    const mark = svg("rect", { x: x - 2.2, y: y - 2.2, width: 4.4, height: 4.4, class: "site", "data-site": site.name });
+    const a = 2.2 * scale;
+    const mark = svg("rect", { x: x - a, y: y - a, width: 2 * a, height: 2 * a, class: "site", "data-site": site.name });
     mark.append(svg("title"));
     mark.firstChild.textContent = `edge site ${site.name}`;
-    const label = svg("text", { x: x + 3, y: y + 5.5 });
+    const label = svg("text", { x: x + 3 * scale, y: y + 5.5 * scale, "font-size": 3.6 * scale });
     label.textContent = site.name;
     g.append(mark, label);
   }
@@ -84,12 +116,12 @@
       const [x, y] = xy(r);
       const cls = regionClass(r);
       const load = r.load == null ? 0 : Math.min(1, r.load);
-      const ring = svg("circle", { cx: x, cy: y, r: 3 + load * 3, class: `region-ring ${cls}` });
-      const dot = svg("circle", { cx: x, cy: y, r: 2.4, class: `region ${cls}`, "data-region": r.name, "data-state": cls, tabindex: 0 });
+      const ring = svg("circle", { cx: x, cy: y, r: (3 + load * 3) * scale, class: `region-ring ${cls}`, "stroke-width": 0.8 * scale });
+      const dot = svg("circle", { cx: x, cy: y, r: 2.4 * scale, class: `region ${cls}`, "data-region": r.name, "data-state": cls, tabindex: 0, "stroke-width": 0.8 * scale });
       const tip = svg("title");
       tip.textContent = `${r.name}: ${r.live} live worker(s), load ${pct(r.load)}, RTT ${fmt(r.rtt_ms, 1)} ms${r.saturated ? ", SATURATED" : ""}`;
       dot.append(tip);
-      const label = svg("text", { x: x + 3.4, y: y - 2.4 });
+      const label = svg("text", { x: x + 3.4 * scale, y: y - 2.4 * scale, "font-size": 3.6 * scale, "stroke-width": 0.9 * scale });
       label.textContent = `${r.name}${r.saturated ? " ⚠" : ""} ${fmt(r.rtt_ms, 0)} ms`;
       g.append(ring, dot, label);
     }
@@ -105,16 +137,16 @@
     const dy = y2 - y1;
     const dist = Math.hypot(dx, dy);
     let path;
-    if (dist < 1.5) {
+    if (dist < 1.5 * scale) {
       // The region is at the site: a small loop.
-      path = `M${x1} ${y1} c 4 -7, 9 -3, ${dx} ${dy}`;
+      path = `M${x1} ${y1} c ${4 * scale} ${-7 * scale}, ${9 * scale} ${-3 * scale}, ${dx} ${dy}`;
     } else {
       const bend = Math.min(20, dist * 0.3);
       const mx = (x1 + x2) / 2 - (dy / dist) * bend;
       const my = (y1 + y2) / 2 + (dx / dist) * bend;
       path = `M${x1} ${y1} Q${mx} ${my} ${x2} ${y2}`;
     }
-    const line = svg("path", { d: path, class: `arrow ${sigClass(d.signal)}`, "data-region": d.region, "data-signal": d.signal || "" });
+    const line = svg("path", { d: path, class: `arrow ${sigClass(d.signal)}`, "data-region": d.region, "data-signal": d.signal || "", "stroke-width": 0.9 * scale });
     const tip = svg("title");
     tip.textContent = `${d.worker} (${d.region}) by ${d.signal}${d.runner_up ? ` over ${d.runner_up} (${d.runner_up_region})` : ""}`;
     line.append(tip);
@@ -214,8 +246,11 @@
     };
     source.addEventListener("view", (m) => {
       const v = JSON.parse(m.data);
+      const placed = (list) => list.filter((p) => p && p.lat != null).map((p) => `${p.name}@${p.lat},${p.lon}`).join(";");
+      const before = placed([view.site, ...view.regions.values()]);
       view.site = v.site;
       view.regions = new Map(v.regions.map((r) => [r.name, r]));
+      if (placed([view.site, ...view.regions.values()]) !== before) frame();
       drawSite(v.site);
       drawRegions(v.regions);
       drawWorkers(v.workers);
@@ -249,6 +284,12 @@
 
   document.addEventListener("DOMContentLoaded", () => {
     drawLegend();
+    $("fit").addEventListener("click", () => {
+      view.fit = !view.fit;
+      frame();
+      drawSite(view.site);
+      drawRegions([...view.regions.values()]);
+    });
     loadMap();
     connect();
     setInterval(drawShare, 1000);
