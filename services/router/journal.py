@@ -62,7 +62,6 @@ class DecisionJournal:
         entries = self._entries
         return [entries[-i] for i in range(1, min(n, len(entries)) + 1)]
 
-
     def since(self, seen: int) -> tuple[list[JournalEntry], int]:
         """Entries recorded after sequence number ``seen``, oldest first, and how many of
         those had already left the journal (a watcher that fell behind)."""

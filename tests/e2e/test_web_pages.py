@@ -13,6 +13,7 @@ docs/img/ holds two of them.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -320,7 +321,7 @@ class Background:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.tasks: list[asyncio.Future[Any]] = []
+        self.tasks: list[concurrent.futures.Future[Any]] = []
 
     def run(self, coro: Any) -> None:
         self.tasks.append(asyncio.run_coroutine_threadsafe(coro, self.loop))

@@ -15,8 +15,11 @@ from typing import Any
 import aiohttp
 
 from services.edge.web.assets import CSP
-from tests.integration.conftest import MODEL, Stack
-from tests.support.builders import TEST_ADMIN_TOKEN
+from services.edge.web.config import WebConfig
+from services.worker.sim import SimEngine
+from tests.integration.conftest import MODEL, Stack, sim_config
+from tests.support.builders import TEST_ADMIN_TOKEN, edge_config
+from tests.support.inproc import start_edge, start_router, start_worker, stop_all
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 
@@ -40,10 +43,11 @@ async def chat(stack: Stack, http: aiohttp.ClientSession, key: str | None = None
 
 
 async def sign_in(
-    stack: Stack, http: aiohttp.ClientSession, token: str = TEST_ADMIN_TOKEN
+    stack: Stack | str, http: aiohttp.ClientSession, token: str = TEST_ADMIN_TOKEN
 ) -> aiohttp.ClientResponse:
+    url = stack if isinstance(stack, str) else stack.edge.url
     resp = await http.post(
-        f"{stack.edge.url}/console/session",
+        f"{url}/console/session",
         data=f"token={token}",
         headers=FORM,
         allow_redirects=False,
@@ -282,6 +286,26 @@ async def test_draining_ends_console_streams(redis_url: str) -> None:
             assert body.startswith(b"retry:")
     finally:
         await stop_stack(s)
+
+
+async def test_signing_out_ends_open_streams_at_the_next_check(redis_url: str) -> None:
+    worker = await start_worker(SimEngine(sim_config()), worker_id="kr-1", region="kr")
+    router = await start_router([worker.address])
+    await router.wait_healthy(1)
+    edge = await start_edge(
+        redis_url=redis_url,
+        router_address=router.address,
+        config=edge_config(web=WebConfig(heartbeat_s=0.2)),
+    )
+    try:
+        async with browserlike() as http:
+            assert (await sign_in(edge.url, http)).status == 303
+            events = await http.get(f"{edge.url}/console/events")
+            await http.post(f"{edge.url}/console/logout", allow_redirects=False)
+            body = await asyncio.wait_for(events.read(), 5)
+            assert body.endswith(b'event: session\ndata: {"ended":true}\n\n')
+    finally:
+        await stop_all(edge, router, worker)
 
 
 # --- the explanation ------------------------------------------------------------------------

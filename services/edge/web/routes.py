@@ -23,7 +23,7 @@ from aiohttp import web
 from opentelemetry.metrics import CallbackOptions, Meter, NoOpMeter, Observation
 
 from services.common import metric_names as mn
-from services.common.errors import InvalidRequest, NotFound, PayloadTooLarge
+from services.common.errors import InvalidRequest, NotFound, PayloadTooLarge, Unavailable
 from services.common.logs import event
 from services.edge.counters import EdgeCounters
 from services.edge.tenancy.auth import Authenticator
@@ -37,6 +37,7 @@ from services.edge.web.sessions import ConsoleSessions, NoSession, Session, same
 log = logging.getLogger("meridian.edge.console")
 
 _MAX_LOGIN_BODY = 4096
+_SESSION_ENDED = b'event: session\ndata: {"ended":true}\n\n'
 _EVENT_HEADERS = {
     "Content-Type": "text/event-stream; charset=utf-8",
     "Cache-Control": "no-store",
@@ -247,21 +248,30 @@ async def _pump(
     """Write what the mailbox holds until the session ends, the client goes, or the edge
     drains. An idle stream gets a heartbeat comment, and the session is checked again."""
     heartbeat_s = state.config.heartbeat_s
+    next_check = time.monotonic() + heartbeat_s
     while not box.closed():
-        woke = await box.wait(min(heartbeat_s, max(0.0, session.expires_at - time.time())))
+        wait_s = min(heartbeat_s, max(0.0, session.expires_at - time.time()))
+        woke = await box.wait(wait_s)
         if box.closed():
             return
-        if not woke:
+        if time.time() >= session.expires_at:
+            await _write(request, resp, _SESSION_ENDED, state)
+            return
+        if time.monotonic() >= next_check:
+            next_check = time.monotonic() + heartbeat_s
             try:
                 session = await sessions.lookup(session.digest)
-            except NoSession:
-                await _write(request, resp, b'event: session\ndata: {"ended":true}\n\n', state)
+            except NoSession:  # signed out (in another tab, say)
+                await _write(request, resp, _SESSION_ENDED, state)
                 return
-            await _write(request, resp, b": keepalive\n\n", state)
-            continue
-        data = box.take()
-        if data:
-            await _write(request, resp, data, state)
+            except Unavailable:
+                pass  # Redis is down: a stream already open goes on until its session expires
+            if not woke:
+                await _write(request, resp, b": keepalive\n\n", state)
+        if woke:
+            data = box.take()
+            if data:
+                await _write(request, resp, data, state)
 
 
 async def _write(
