@@ -202,6 +202,50 @@ def test_a_wrong_key_shows_the_401_message(page: Page, stack: StackProcess) -> N
     shot(page, "chat-401")
 
 
+def test_the_chat_page_reads_on_a_phone_in_light_and_dark(
+    browser: Browser, stack: StackProcess
+) -> None:
+    for scheme in ("light", "dark"):
+        ctx = browser.new_context(
+            viewport={"width": 390, "height": 844}, color_scheme=scheme, is_mobile=True
+        )
+        try:
+            page = ctx.new_page()
+            open_chat(page, stack)
+            page.wait_for_selector("#model:enabled")
+            page.fill("#prompt", "hello from a phone")
+            page.keyboard.press("Enter")
+            page.wait_for_selector(".msg.assistant:not(.streaming) [data-meta=ttft] dd")
+            overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+            assert overflow <= 0, f"{scheme}: the page is {overflow}px wider than the phone"
+            background = page.evaluate("getComputedStyle(document.body).backgroundColor")
+            r, g, b = (int(v) for v in background.strip("rgba()").split(",")[:3])
+            assert (r + g + b < 150) is (scheme == "dark"), (scheme, background)
+            shot(page, f"chat-phone-{scheme}")
+        finally:
+            ctx.close()
+
+
+def test_the_page_works_from_the_keyboard(page: Page, stack: StackProcess) -> None:
+    page.goto(stack.info["edge_url"] + "/")
+    page.keyboard.press("Tab")  # the skip link first
+    assert page.evaluate("document.activeElement.className") == "skip"
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.textContent") == "Fleet console"
+    page.keyboard.press("Tab")
+    assert page.evaluate("document.activeElement.id") == "api-key"
+    page.keyboard.type(stack.key)
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#model:enabled")
+    page.focus("#prompt")
+    page.keyboard.type("typed, not clicked")
+    page.keyboard.press("Enter")
+    page.wait_for_selector(".msg.assistant:not(.streaming) .why-button")
+    page.focus(".why-button")
+    page.keyboard.press("Enter")
+    page.wait_for_selector(".why table")
+
+
 MALICIOUS = (
     "Here you go: <script>window.__pwned = 'script'</script>\n\n"
     '<img src="x" onerror="window.__pwned = \'img\'">\n\n'
