@@ -97,7 +97,7 @@ def _asset(name: str, body: bytes) -> Asset:
         raise ValueError(f"static/{name}: no content type for {suffix!r} files")
     gz = None
     if suffix in _COMPRESSIBLE and len(body) >= _MIN_GZIP_BYTES:
-        packed = gzip.compress(body, compresslevel=9, mtime=0)
+        packed = gzip.compress(body, compresslevel=6, mtime=0)
         gz = packed if len(packed) < len(body) else None
     return Asset(name, body, gz, CONTENT_TYPES[suffix], hashlib.sha256(body).hexdigest())
 
