@@ -246,6 +246,51 @@ def test_the_page_works_from_the_keyboard(page: Page, stack: StackProcess) -> No
     page.wait_for_selector(".why table")
 
 
+def test_a_refused_request_names_the_field(page: Page, stack: StackProcess) -> None:
+    def bad_top_p(route: Any) -> None:
+        body = json.loads(route.request.post_data or "{}")
+        body["top_p"] = 3  # the page never sends this: the edge's 400 is what is shown
+        route.continue_(post_data=json.dumps(body))
+
+    open_chat(page, stack)
+    page.wait_for_selector("#model:enabled")
+    page.route("**/v1/chat/completions", bad_top_p)
+    page.fill("#prompt", "hi")
+    page.keyboard.press("Enter")
+    page.wait_for_selector("#error:not([hidden])")
+    assert "The request was refused (field: top_p)." in page.inner_text("#error")
+
+
+def limited_key(stack: StackProcess) -> str:
+    """A key of a tenant allowed one request a minute, made through the admin API."""
+    admin = stack.info["admin_url"]
+    auth = {"Authorization": f"Bearer {admin_token(stack)}", "Content-Type": "application/json"}
+    tenant = json.dumps({"tenant_id": "one-a-minute", "limits": {"rpm": 1}}).encode()
+    status, _, _ = _http(f"{admin}/admin/tenants", headers=auth, data=tenant)
+    assert status in (201, 409)
+    status, _, body = _http(
+        f"{admin}/admin/tenants/one-a-minute/keys", headers=auth, data=b'{"name": "e2e"}'
+    )
+    assert status == 201
+    return str(json.loads(body)["key"])
+
+
+def test_a_rate_limited_reply_says_when_to_try_again(page: Page, stack: StackProcess) -> None:
+    open_chat(page, stack, key=limited_key(stack))
+    page.wait_for_selector("#model:enabled")
+    page.route("**/v1/chat/completions", lambda r: _bounded(r, 4))
+    for text in ("first", "second"):
+        page.fill("#prompt", text)
+        page.keyboard.press("Enter")
+        page.wait_for_selector("#send:enabled")
+    page.wait_for_selector("#error:not([hidden])")
+    message = page.inner_text("#error")
+    assert "rate limit reached (429)" in message
+    assert "Try again in" in message
+    assert page.locator("#error .countdown").inner_text().endswith(" s)")
+    shot(page, "chat-429")
+
+
 MALICIOUS = (
     "Here you go: <script>window.__pwned = 'script'</script>\n\n"
     '<img src="x" onerror="window.__pwned = \'img\'">\n\n'
