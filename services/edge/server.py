@@ -41,6 +41,11 @@ from services.edge.upstream.failover import FailoverPolicy
 from services.edge.upstream.resilient_router import ResilientRouter, ViewConfig
 from services.edge.upstream.router_client import RouterClient
 from services.edge.upstream.worker_pool import WorkerPool
+from services.edge.web.assets import AssetStore
+from services.edge.web.config import WebConfig
+from services.edge.web.feed import FleetHub
+from services.edge.web.routes import WebState, instrument
+from services.edge.web.sessions import ConsoleSessions
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,6 +68,8 @@ class EdgeConfig:
     keepalive_after_s: float = 3.0
     drain_grace_s: float = 10.0
     redis_breaker_open_s: float = 1.0
+    #: The chat page and the console (services/edge/web/).
+    web: WebConfig = field(default_factory=WebConfig)
 
     def __post_init__(self) -> None:
         if self.tls is None and not self.plain_http:
@@ -158,7 +165,8 @@ class EdgeServer:
             keepalive_after_s=config.keepalive_after_s,
             telemetry=self.telemetry,
         )
-        self.app = build_app(self.deps)
+        self.web = self._web_state(config, redis, router, telemetry)
+        self.app = build_app(self.deps, self.web)
         self._runner: web.AppRunner | None = None
         self._listener: Listener | None = None
         self._admin_runner: web.AppRunner | None = None
@@ -166,6 +174,44 @@ class EdgeServer:
         self._tasks: list[asyncio.Task[None]] = []
         self.port = 0
         self.admin_port: int | None = None
+
+    def _web_state(
+        self,
+        config: EdgeConfig,
+        redis: RedisClient,
+        router: RouterClient,
+        telemetry: Telemetry | None,
+    ) -> WebState:
+        """The pages' parts: assets read once, the console's feed and sessions (a console
+        only with an admin token)."""
+        sessions = None
+        if config.admin_token is not None:
+            sessions = ConsoleSessions(
+                redis=redis,
+                admin_token_sha256=token_digest(config.admin_token),
+                ttl_s=config.web.session_ttl_s,
+                tls=config.tls is not None,
+                clock=self._clock,
+                login_failures_per_minute=config.web.login_failures_per_minute,
+            )
+        state = WebState(
+            config=config.web,
+            assets=AssetStore(hsts=config.tls is not None),
+            hub=FleetHub(
+                watch=router.watch_fleet,
+                config=config.web,
+                site=config.site,
+                counters=self.counters.snapshot,
+            ),
+            sessions=sessions,
+            auth=self.auth,
+            router=router,
+            counters=self.counters,
+            body_timeout_s=config.guard.body_timeout_s,
+            write_timeout_s=config.guard.write_timeout_s,
+        )
+        instrument(state, telemetry.meter if telemetry else None)
+        return state
 
     @property
     def scheme(self) -> str:
@@ -238,6 +284,7 @@ class EdgeServer:
     def begin_drain(self) -> None:
         """Stop accepting connections and refuse new chat requests (503); streams go on."""
         self.deps.lifecycle.draining = True
+        self.web.hub.close()  # console streams end now; they would only hold the drain up
         if self._listener is not None:
             self._listener.close()
 
@@ -254,6 +301,7 @@ class EdgeServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        await self.web.hub.aclose()
         await self.limiter.close()
         if self._admin_runner is not None:
             await self._admin_runner.cleanup()
