@@ -20,7 +20,7 @@ PYTEST_ARGS ?=
 export PYTHONPATH := $(CURDIR):$(CURDIR)/$(GEN)
 export PYTHONUNBUFFERED := 1
 
-.PHONY: run test check lint typecheck check-imports proto deps vllm tiny-model bench clean help
+.PHONY: run test check lint typecheck check-imports proto deps vllm tiny-model bench clean help web-assets
 
 help:
 	@echo "make run [ENGINE=sim|vllm] [EDGE_PORT=8080]   start the local multi-region stack"
@@ -80,6 +80,12 @@ check:
 	status=$$?; elapsed=$$(( $$(date +%s) - start )); \
 	if [ $$status -eq 0 ]; then echo "make check: passed in $${elapsed} s (without vLLM; make test runs everything)"; \
 	else echo "make check: FAILED (exit $$status) after $${elapsed} s"; fi; exit $$status
+
+# The edge's vendored browser assets (services/edge/web/static/vendor, static/world.json) are
+# committed; this rebuilds them from the npm packages pinned in services/edge/web/package-lock.json.
+web-assets: $(BASE_STAMP)
+	cd services/edge/web && npm ci --ignore-scripts --no-audit --no-fund
+	$(PY) tools/build_web_assets.py
 
 BENCH ?=
 bench: $(GEN_STAMP)

@@ -1,8 +1,10 @@
 """Routing quality on the local stack: Meridian's default profile against round-robin,
-nearest-region and least-loaded baselines, at equal load, with a hotspot in the near region.
+nearest-region, least-loaded and power-of-two-choices baselines, at equal load, with a hotspot
+in the near region.
 
     .venv/bin/python -m bench.routing_quality [--rate 20] [--duration 15] [--seed 7]
-        [--profiles default round-robin nearest-region least-loaded] [--ttft-target-ms 200]
+        [--profiles default round-robin nearest-region least-loaded power-of-two]
+        [--ttft-target-ms 150]
 
 The stack is the real one, in one process: simulated GPU workers (``SimEngine`` behind the
 worker's gRPC service) in three regions, each behind a userspace delay proxy (the router
@@ -304,7 +306,7 @@ class Client:
         for address in addresses:
             await self._worker(address).Describe(worker_pb2.DescribeRequest(), timeout=5.0)
 
-    async def ask(self, ask: Ask, started: float) -> Outcome:
+    async def ask(self, ask: Ask, started: float, priority: int = 0) -> Outcome:
         messages = [
             {"role": "system", "content": system_prompt(ask.conversation)},
             {"role": "user", "content": ask.question},
@@ -316,6 +318,7 @@ class Client:
                     request_id=f"q{ask.seed}",
                     model=MODEL,
                     edge_site="seoul",
+                    priority=priority,  # type: ignore[arg-type]
                     prompt_tokens=estimate_prompt_tokens(body),
                     max_tokens=ask.max_tokens,
                     prefix_hashes=prefix_hashes(body),
@@ -371,12 +374,17 @@ class Result:
     outcomes: tuple[Outcome, ...]
     loop_lag_ms: float  # p99
     loop_stall_ms: float  # max
+    flood: tuple[Outcome, ...] = ()  # the LOW-priority flood's outcomes (--flood)
 
     def ttfts_ms(self) -> list[float]:
         return sorted(o.ttft_s * 1000 for o in self.outcomes if o.ttft_s is not None)
 
 
-async def run_profile(profile: str, asks: Sequence[Ask], seed: int) -> Result:
+async def run_profile(
+    profile: str, asks: Sequence[Ask], seed: int, flood: Sequence[Ask] = ()
+) -> Result:
+    """One stack, one profile: the measured asks (HIGH priority when there is a ``flood`` of
+    LOW-priority asks beside them; the flood's outcomes are in ``Result.flood``)."""
     stack = Stack()
     await stack.start(profile, seed)
     client = Client(stack.router_address)
@@ -387,16 +395,21 @@ async def run_profile(profile: str, asks: Sequence[Ask], seed: int) -> Result:
         loop = asyncio.get_running_loop()
         t0 = loop.time()
 
-        async def one(ask: Ask) -> Outcome:
-            await asyncio.sleep(max(0.0, t0 + ask.at_s - loop.time()))
-            return await client.ask(ask, time.perf_counter())
+        high = router_pb2.PRIORITY_HIGH if flood else 0
 
-        outcomes = await asyncio.gather(*(one(a) for a in asks))
+        async def one(ask: Ask, priority: int) -> Outcome:
+            await asyncio.sleep(max(0.0, t0 + ask.at_s - loop.time()))
+            return await client.ask(ask, time.perf_counter(), priority)
+
+        both = await asyncio.gather(
+            *(one(a, high) for a in asks), *(one(a, router_pb2.PRIORITY_LOW) for a in flood)
+        )
+        outcomes, flooded = both[: len(asks)], both[len(asks) :]
     finally:
         await lag.stop()
         await client.close()
         await stack.stop()
-    return Result(profile, tuple(outcomes), lag.p99_ms(), lag.max_ms())
+    return Result(profile, tuple(outcomes), lag.p99_ms(), lag.max_ms(), tuple(flooded))
 
 
 class LagMeter:
@@ -485,9 +498,16 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--attempts", type=int, default=3, help="runs per profile at most")
     p.add_argument(
+        "--flood",
+        type=float,
+        default=0.0,
+        help="also send LOW-priority requests at this rate (the measured ones are then HIGH): "
+        "the high tier must be unaffected by a low-tier flood",
+    )
+    p.add_argument(
         "--profiles",
         nargs="+",
-        default=["default", "round-robin", "nearest-region", "least-loaded"],
+        default=["default", "round-robin", "nearest-region", "least-loaded", "power-of-two"],
         help="profile files under deploy/router/profiles (the first is Meridian's)",
     )
     args = p.parse_args(argv)
@@ -500,6 +520,10 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"no such profile under {PROFILES_DIR}: {', '.join(missing)}")
 
     asks = plan(args.rate, args.duration, args.seed)
+    flood = [
+        Ask(a.at_s, a.conversation, a.question, a.max_tokens, 100_000 + a.seed)
+        for a in (plan(args.flood, args.duration, args.seed + 1) if args.flood > 0 else [])
+    ]
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else math.nan
     print(
         f"Routing quality — Python {platform.python_version()}, {os.cpu_count()} CPUs, "
@@ -515,7 +539,7 @@ def main(argv: list[str] | None = None) -> int:
     results = []
     for name in args.profiles:
         for attempt in range(1, args.attempts + 1):
-            result: Result = uvloop.run(run_profile(name, asks, args.seed))
+            result: Result = uvloop.run(run_profile(name, asks, args.seed, flood))
             if result.loop_stall_ms <= args.max_stall_ms:
                 break
             print(
@@ -525,6 +549,12 @@ def main(argv: list[str] | None = None) -> int:
             )
         results.append(result)
     report(results, args.ttft_target_ms)
+    if flood:
+        print()
+        print(f"low-tier flood: {len(flood)} LOW requests beside the {len(asks)} HIGH ones")
+        for r in results:
+            refused = sum(o.refused for o in r.flood)
+            print(f"  {r.profile:<15} LOW refused {refused}/{len(r.flood)}")
     ours, baselines = results[0], results[1:]
     if baselines:
         best = min(baselines, key=lambda r: pct(r.ttfts_ms(), 0.99))
@@ -534,6 +564,21 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"goal: {ours.profile} p99 TTFT <= 0.5x the best baseline ({best.profile}): "
             f"{ratio:.2f}x — {verdict}"
+        )
+
+        def goodput(r: Result) -> float:
+            good = sum(
+                1
+                for o in r.outcomes
+                if o.ttft_s is not None and o.ttft_s * 1000 <= args.ttft_target_ms
+            )
+            return good / max(1, len(r.outcomes))
+
+        best_good = max(baselines, key=goodput)
+        g = goodput(ours) / max(goodput(best_good), 1e-9)
+        print(
+            f"goal: {ours.profile} goodput >= 1.3x the best baseline ({best_good.profile}): "
+            f"{g:.2f}x — {'met' if g >= 1.3 else 'NOT met'}"
         )
     return 0
 

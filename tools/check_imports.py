@@ -9,6 +9,12 @@
 The local-stack launcher (``services.localstack``) supervises every service and may import
 their modules; the network emulator (``services.netem``) is standalone.
 
+4. the planet simulator (``services.planet``) is the one explicit exception to rule 1, and a
+   narrow one: it runs the router's *scheduling framework* and the worker's *simulated engine*
+   unchanged, so it may import ``services.router.scheduling`` and ``services.worker.sim`` (and
+   ``services.worker.engine``, the engine types the simulator's core speaks) — nothing else of
+   either service (not the registry, not gRPC servers), and no service imports it.
+
 Exit code 1 and one line per violation: ``path:line: edge imports services.router``.
 """
 
@@ -28,6 +34,8 @@ VLLM_MODULES = {
     "services/worker/vllm/tinymodel.py",
 }
 ML_PACKAGES = ("vllm", "torch", "transformers", "tokenizers")
+# What services.planet may import from the services (rule 4); services.common is shared anyway.
+PLANET_ALLOWED = ("services.router.scheduling", "services.worker.sim", "services.worker.engine")
 
 
 def imported_modules(path: Path) -> Iterator[tuple[int, str]]:
@@ -53,7 +61,18 @@ def violations(root: Path = ROOT) -> list[str]:
             if not module.startswith("services."):
                 continue
             target = module.split(".")[1]
-            if owner == "common" and target in (*SERVICES, "localstack"):
+            if owner == "planet":
+                if target in (*SERVICES, "localstack") and not any(
+                    module == a or module.startswith(a + ".") for a in PLANET_ALLOWED
+                ):
+                    out.append(
+                        f"{rel}:{line}: planet imports {module} (only "
+                        f"{', '.join(PLANET_ALLOWED)} of the services)"
+                    )
+                continue
+            if target == "planet":
+                out.append(f"{rel}:{line}: {owner or 'services'} imports {module}")
+            elif owner == "common" and target in (*SERVICES, "localstack"):
                 out.append(f"{rel}:{line}: common imports {module}")
             elif owner in SERVICES and target in (*SERVICES, "localstack") and target != owner:
                 out.append(f"{rel}:{line}: {owner} imports {module}")

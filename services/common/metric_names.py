@@ -40,6 +40,9 @@ EDGE_REJECTIONS: Final = "meridian.edge.rejections"  # by REASON (rate limits, a
 EDGE_ACTIVE_STREAMS: Final = "meridian.edge.active_streams"
 EDGE_FAILOVERS: Final = "meridian.edge.failovers"  # attempts beyond the first, by REGION
 EDGE_DEGRADED: Final = "meridian.edge.degraded"  # fallbacks used, by REASON
+EDGE_CONSOLE_STREAMS: Final = "meridian.edge.console.streams"  # open /console/events streams
+EDGE_CONSOLE_DROPPED: Final = "meridian.edge.console.dropped"  # for slow consoles (open ones)
+EDGE_CONSOLE_BYTES: Final = "meridian.edge.console.bytes"  # console event bytes sent
 
 # --- router ---------------------------------------------------------------------------------
 ROUTER_DECISIONS: Final = "meridian.router.decisions"  # by REGION and deciding SIGNAL

@@ -11,7 +11,6 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass
 
-import redis.asyncio as aioredis
 import redis.exceptions
 from aiohttp import web
 
@@ -25,6 +24,7 @@ from services.edge.middleware.telemetry import TRACE_ID, telemetry_middleware
 from services.edge.observability import EdgeTelemetry
 from services.edge.pipeline import Next, Stage, TerminalStage, build_chain, ordered_middlewares
 from services.edge.ratelimit.limiter import RateLimiter
+from services.edge.redisconn import RedisClient
 from services.edge.stages.admit import Admit
 from services.edge.stages.authenticate import Authenticate
 from services.edge.stages.connection_guard import ConnectionGuard
@@ -35,11 +35,12 @@ from services.edge.tenancy.auth import Authenticator
 from services.edge.upstream.failover import FailoverPolicy
 from services.edge.upstream.resilient_router import ResilientRouter
 from services.edge.upstream.worker_pool import WorkerPool
+from services.edge.web.routes import WebState, add_web_routes
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class EdgeDeps:
-    redis: aioredis.Redis
+    redis: RedisClient
     auth: Authenticator
     limiter: RateLimiter
     router: ResilientRouter
@@ -147,7 +148,9 @@ async def readyz(request: web.Request) -> web.Response:
     )
 
 
-def build_app(deps: EdgeDeps) -> web.Application:
+def build_app(deps: EdgeDeps, web_state: WebState | None = None) -> web.Application:
+    """The public app: the API routes and, with ``web_state``, the chat page and the console
+    (services/edge/web/routes.py), beside them and off the chat path."""
     app = web.Application(
         middlewares=ordered_middlewares(
             {
@@ -165,4 +168,6 @@ def build_app(deps: EdgeDeps) -> web.Application:
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
+    if web_state is not None:
+        add_web_routes(app, web_state)
     return app

@@ -56,6 +56,8 @@ class EdgeCounters:
     limiter_fail_open: int = 0
     limiter_fail_closed: int = 0
     settle_failures: int = 0
+    settle_retries: int = 0
+    settles_resent: int = 0
     lease_renew_failures: int = 0
     redis_breaker_opened: int = 0
     # Routing.

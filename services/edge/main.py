@@ -25,6 +25,7 @@ from services.common import cli, logs, runtime, telemetry
 from services.common.logs import event
 from services.edge.guard import GuardConfig
 from services.edge.ratelimit.limiter import FailureMode, RateLimitConfig
+from services.edge.redisconn import parse_redis_url
 from services.edge.server import EdgeConfig, EdgeServer, connect_redis
 from services.edge.stages.validate import RequestLimits
 from services.edge.tenancy.apikeys import KeyHasher, load_pepper
@@ -33,16 +34,18 @@ from services.edge.tls import TlsConfig, server_context
 from services.edge.upstream.failover import FailoverPolicy
 from services.edge.upstream.resilient_router import ViewConfig
 from services.edge.upstream.router_client import RouterClient
+from services.edge.web.config import WebConfig, parse_place
 
 log = logging.getLogger("meridian.edge")
 ADMIN_TOKEN_ENV = "MERIDIAN_ADMIN_TOKEN"
 
 
 def _redis_url(value: str) -> str:
-    if not value.startswith(("redis://", "rediss://", "unix://")):
-        raise argparse.ArgumentTypeError(
-            f"{value!r}: expected redis://HOST:PORT/DB, rediss://… or unix://…"
-        )
+    """One server, Sentinel or Cluster (see :mod:`services.edge.redisconn`), validated."""
+    try:
+        parse_redis_url(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
     return value
 
 
@@ -114,8 +117,35 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--view-refresh-s", type=_positive, default=2.0)
     u.add_argument("--view-max-age-s", type=_positive, default=300.0)
     u.add_argument("--drain-grace-s", type=_positive, default=10.0)
+    w = p.add_argument_group("web pages (chat at /, fleet map at /console)")
+    w.add_argument(
+        "--map-place",
+        action="append",
+        default=[],
+        metavar="NAME=LAT,LON",
+        help="where the console's map draws this site or a region (repeatable), e.g. kr=37.5,127.0",
+    )
+    w.add_argument("--console-session-ttl-s", type=_number(float, 60), default=8 * 3600.0)
+    w.add_argument("--max-console-streams", type=_count, default=16)
     telemetry.add_cli_args(p)
     return p
+
+
+def _web_config(args: argparse.Namespace) -> WebConfig:
+    places = []
+    for value in args.map_place:
+        try:
+            places.append(parse_place(value))
+        except ValueError as err:
+            raise ValueError(f"--map-place: {err}") from None
+    try:
+        return WebConfig(
+            places=tuple(places),
+            session_ttl_s=args.console_session_ttl_s,
+            max_console_streams=args.max_console_streams,
+        )
+    except ValueError as err:
+        raise ValueError(f"--map-place: {err}") from None
 
 
 def _admin_token(args: argparse.Namespace) -> str | None:
@@ -180,6 +210,7 @@ def config_from_args(args: argparse.Namespace) -> EdgeConfig:
             max_attempts=args.max_attempts, first_token_timeout_s=args.first_token_timeout_s
         ),
         drain_grace_s=args.drain_grace_s,
+        web=_web_config(args),
     )
 
 

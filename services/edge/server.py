@@ -16,12 +16,7 @@ from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
 
-import redis.asyncio as aioredis
-import redis.exceptions
 from aiohttp import web
-from redis.asyncio import BlockingConnectionPool
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
 
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.startup import start_site
@@ -36,6 +31,7 @@ from services.edge.protocol import Listener
 from services.edge.ratelimit.limiter import FailureMode, RateLimitConfig, RateLimiter
 from services.edge.ratelimit.redis_backend import RedisBackend
 from services.edge.ratelimit.window import LocalBackend
+from services.edge.redisconn import RedisClient, connect, follow_failovers, parse_redis_url
 from services.edge.stages.validate import RequestLimits
 from services.edge.tenancy.apikeys import KeyHasher
 from services.edge.tenancy.auth import AuthConfig, Authenticator
@@ -45,6 +41,11 @@ from services.edge.upstream.failover import FailoverPolicy
 from services.edge.upstream.resilient_router import ResilientRouter, ViewConfig
 from services.edge.upstream.router_client import RouterClient
 from services.edge.upstream.worker_pool import WorkerPool
+from services.edge.web.assets import AssetStore
+from services.edge.web.config import WebConfig
+from services.edge.web.feed import FleetHub
+from services.edge.web.routes import WebState, instrument
+from services.edge.web.sessions import ConsoleSessions
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,6 +68,8 @@ class EdgeConfig:
     keepalive_after_s: float = 3.0
     drain_grace_s: float = 10.0
     redis_breaker_open_s: float = 1.0
+    #: The chat page and the console (services/edge/web/).
+    web: WebConfig = field(default_factory=WebConfig)
 
     def __post_init__(self) -> None:
         if self.tls is None and not self.plain_http:
@@ -87,27 +90,10 @@ class EdgeConfig:
             raise ValueError("drain_grace_s and keepalive_after_s must be > 0")
 
 
-def connect_redis(
-    url: str, *, timeout_s: float = 1.0, max_connections: int = 256
-) -> aioredis.Redis:
-    """The edge's Redis client.
-
-    - a *blocking* pool of ``max_connections``: a burst waits (up to ``timeout_s``) for a
-      free connection instead of failing, and Redis never sees more than that many from us;
-    - short timeouts, so the breaker and the failure policy take over quickly;
-    - one immediate retry on a connection error, so that after a Redis restart a pooled
-      connection to the old process is replaced rather than failing a request (timeouts
-      are not retried: that would only double the wait before the failure policy applies).
-    """
-    pool = BlockingConnectionPool.from_url(
-        url,
-        max_connections=max_connections,
-        timeout=timeout_s,
-        socket_timeout=timeout_s,
-        socket_connect_timeout=timeout_s,
-        retry=Retry(NoBackoff(), 1, supported_errors=(redis.exceptions.ConnectionError,)),
-    )
-    return aioredis.Redis.from_pool(pool)
+def connect_redis(url: str, *, timeout_s: float = 1.0, max_connections: int = 256) -> RedisClient:
+    """The edge's Redis client for ``url``: one server, Sentinel or Cluster (see
+    :mod:`services.edge.redisconn` for the URL forms and the connection policy)."""
+    return connect(parse_redis_url(url), timeout_s=timeout_s, max_connections=max_connections)
 
 
 class EdgeServer:
@@ -115,7 +101,7 @@ class EdgeServer:
         self,
         *,
         config: EdgeConfig,
-        redis: aioredis.Redis,
+        redis: RedisClient,
         router: RouterClient,
         hasher: KeyHasher,
         clock: Clock = SYSTEM_CLOCK,
@@ -179,7 +165,8 @@ class EdgeServer:
             keepalive_after_s=config.keepalive_after_s,
             telemetry=self.telemetry,
         )
-        self.app = build_app(self.deps)
+        self.web = self._web_state(config, redis, router, telemetry)
+        self.app = build_app(self.deps, self.web)
         self._runner: web.AppRunner | None = None
         self._listener: Listener | None = None
         self._admin_runner: web.AppRunner | None = None
@@ -187,6 +174,44 @@ class EdgeServer:
         self._tasks: list[asyncio.Task[None]] = []
         self.port = 0
         self.admin_port: int | None = None
+
+    def _web_state(
+        self,
+        config: EdgeConfig,
+        redis: RedisClient,
+        router: RouterClient,
+        telemetry: Telemetry | None,
+    ) -> WebState:
+        """The pages' parts: assets read once, the console's feed and sessions (a console
+        only with an admin token)."""
+        sessions = None
+        if config.admin_token is not None:
+            sessions = ConsoleSessions(
+                redis=redis,
+                admin_token_sha256=token_digest(config.admin_token),
+                ttl_s=config.web.session_ttl_s,
+                tls=config.tls is not None,
+                clock=self._clock,
+                login_failures_per_minute=config.web.login_failures_per_minute,
+            )
+        state = WebState(
+            config=config.web,
+            assets=AssetStore(hsts=config.tls is not None),
+            hub=FleetHub(
+                watch=router.watch_fleet,
+                config=config.web,
+                site=config.site,
+                counters=self.counters.snapshot,
+            ),
+            sessions=sessions,
+            auth=self.auth,
+            router=router,
+            counters=self.counters,
+            body_timeout_s=config.guard.body_timeout_s,
+            write_timeout_s=config.guard.write_timeout_s,
+        )
+        instrument(state, telemetry.meter if telemetry else None)
+        return state
 
     @property
     def scheme(self) -> str:
@@ -251,6 +276,7 @@ class EdgeServer:
         self._spawn(self.auth.listen(self._redis, self._stop))
         self._spawn(self.limiter.run(self._stop))
         self._spawn(self.router.run(self._stop))
+        self._spawn(follow_failovers(self._redis, self._stop))
 
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.get_running_loop().create_task(coro))
@@ -258,6 +284,7 @@ class EdgeServer:
     def begin_drain(self) -> None:
         """Stop accepting connections and refuse new chat requests (503); streams go on."""
         self.deps.lifecycle.draining = True
+        self.web.hub.close()  # console streams end now; they would only hold the drain up
         if self._listener is not None:
             self._listener.close()
 
@@ -274,6 +301,7 @@ class EdgeServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        await self.web.hub.aclose()
         await self.limiter.close()
         if self._admin_runner is not None:
             await self._admin_runner.cleanup()

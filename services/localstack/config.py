@@ -41,6 +41,8 @@ class RegionSpec:
     rtt_ms: float
     workers: int
     jitter_ms: float = 0.0
+    #: (latitude, longitude) where the console's map draws the region; None: not drawn.
+    location: tuple[float, float] | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -52,6 +54,17 @@ class StackConfig:
     vllm_model: str = DEFAULT_VLLM_MODEL
     vllm_regions: dict[str, int] = field(default_factory=dict)
     vllm_options: dict[str, Any] = field(default_factory=dict)
+    site_location: tuple[float, float] | None = None
+
+    def map_places(self) -> list[str]:
+        """The edge's ``--map-place`` values: the site and every region with a location."""
+        out = []
+        if self.site_location is not None:
+            out.append(f"{self.site}={self.site_location[0]:g},{self.site_location[1]:g}")
+        for r in self.regions:
+            if r.location is not None:
+                out.append(f"{r.name}={r.location[0]:g},{r.location[1]:g}")
+        return out
 
     def served_model(self, engine: str) -> str:
         """The model name clients ask for when the stack runs ``engine`` workers."""
@@ -65,6 +78,20 @@ def _num(data: dict[str, Any], key: str, where: str, default: float | None = Non
     return float(value)
 
 
+def _location(value: Any, where: str) -> tuple[float, float] | None:
+    """``[lat, lon]`` in degrees, or absent."""
+    if value is None:
+        return None
+    ok = (
+        isinstance(value, list)
+        and len(value) == 2
+        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+    )
+    if not ok or not (-90 <= value[0] <= 90 and -180 <= value[1] <= 180):
+        raise StackConfigError(f"{where}: must be [latitude, longitude] in degrees")
+    return float(value[0]), float(value[1])
+
+
 def _mapping(value: Any, where: str) -> dict[str, Any]:
     if value is None:
         return {}
@@ -75,7 +102,7 @@ def _mapping(value: Any, where: str) -> dict[str, Any]:
 
 def parse_stack_config(data: Any) -> StackConfig:
     root = _mapping(data, "stack")
-    known = {"site", "model", "regions", "sim", "vllm"}
+    known = {"site", "site_location", "model", "regions", "sim", "vllm"}
     for key in root:
         if key not in known:
             raise StackConfigError(f"{key}: unknown key (expected one of {sorted(known)})")
@@ -95,7 +122,7 @@ def parse_stack_config(data: Any) -> StackConfig:
             raise StackConfigError(f"{where}: region names are short lowercase names")
         spec = _mapping(spec_raw, where)
         for key in spec:
-            if key not in {"rtt_ms", "workers", "jitter_ms"}:
+            if key not in {"rtt_ms", "workers", "jitter_ms", "location"}:
                 raise StackConfigError(f"{where}.{key}: unknown key")
         workers = spec.get("workers", 1)
         if isinstance(workers, bool) or not isinstance(workers, int) or not 0 <= workers <= 16:
@@ -106,6 +133,7 @@ def parse_stack_config(data: Any) -> StackConfig:
                 rtt_ms=_num(spec, "rtt_ms", where),
                 workers=workers,
                 jitter_ms=_num(spec, "jitter_ms", where, 0.0),
+                location=_location(spec.get("location"), f"{where}.location"),
             )
         )
     vllm_model, vllm_regions, vllm_options = _parse_vllm(
@@ -119,6 +147,7 @@ def parse_stack_config(data: Any) -> StackConfig:
         vllm_model=vllm_model,
         vllm_regions=vllm_regions,
         vllm_options=vllm_options,
+        site_location=_location(root.get("site_location"), "site_location"),
     )
 
 

@@ -284,6 +284,7 @@ class LocalStack:
             "0",
             "--admin-token-file",
             str(self._secret("admin-token", new_pepper)),
+            *(arg for place in self.config.map_places() for arg in ("--map-place", place)),
             *self._edge_args,
         ]
         if self.tls:

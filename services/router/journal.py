@@ -34,6 +34,9 @@ class DecisionJournal:
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         self._entries: collections.deque[JournalEntry] = collections.deque(maxlen=capacity)
+        #: Decisions recorded since start: the sequence number of the newest entry. Watchers
+        #: (services/router/feed.py) remember the last one they saw and ask for what is newer.
+        self.recorded = 0
         self.routed_by_region: collections.Counter[str] = collections.Counter()
         # (reason, priority name) → count: which tiers were shed, and why
         self.empty_by_reason: collections.Counter[tuple[str, str]] = collections.Counter()
@@ -44,6 +47,7 @@ class DecisionJournal:
 
     def record(self, entry: JournalEntry) -> None:
         self._entries.append(entry)
+        self.recorded += 1
         decision = entry.decision
         if decision.ranked:
             self.routed_by_region[decision.ranked[0].worker.region] += 1
@@ -57,6 +61,21 @@ class DecisionJournal:
             return []
         entries = self._entries
         return [entries[-i] for i in range(1, min(n, len(entries)) + 1)]
+
+    def since(self, seen: int) -> tuple[list[JournalEntry], int]:
+        """Entries recorded after sequence number ``seen``, oldest first, and how many of
+        those had already left the journal (a watcher that fell behind)."""
+        newer = self.recorded - seen
+        if newer <= 0:
+            return [], 0
+        kept = min(newer, len(self._entries))
+        entries = self._entries
+        return [entries[-i] for i in range(kept, 0, -1)], newer - kept
+
+    def for_request(self, request_id: str) -> list[JournalEntry]:
+        """Every decision still kept for ``request_id``, oldest first. A scan: this is asked
+        when a person clicks, never on the Route path."""
+        return [e for e in self._entries if e.query.request_id == request_id]
 
 
 @dataclass(frozen=True, slots=True)

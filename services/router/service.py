@@ -1,4 +1,5 @@
-"""The router's gRPC service: Route, ReportOutcome, ListModels, GetView.
+"""The router's gRPC service: Route, ReportOutcome, ListModels, GetView, and for operators
+WatchFleet and ExplainRequest (services/router/feed.py).
 
 Route turns a request into a :class:`RouteQuery`, asks the scheduler to rank the fleet's
 current snapshots, records the assignment (in-flight accounting) and answers with the ranked
@@ -38,6 +39,7 @@ from services.common.errors import (
     InvalidRequest,
     MeridianError,
     ModelNotFound,
+    NotFound,
     Overloaded,
     RegionNotAllowed,
     Unavailable,
@@ -45,9 +47,10 @@ from services.common.errors import (
 from services.common.grpcutil import abort_with
 from services.common.logs import event
 from services.common.tracecontext import extract_metadata
+from services.router.feed import FleetFeed, WatcherLimit
 from services.router.fleet import Fleet
 from services.router.journal import DecisionJournal, JournalEntry, PluginTimings
-from services.router.observability import RouterTelemetry
+from services.router.observability import RouterTelemetry, deciding_signal
 from services.router.scheduling.types import (
     Decision,
     ModelState,
@@ -179,6 +182,7 @@ class RouterService(router_pb2_grpc.RouterServicer):
         # Under overload every decision of a tier can be empty: one log line per second per
         # (reason, tier), with the count of the ones left out (the journal counts them all).
         self._empty_log = LogThrottle(interval_s=1.0)
+        self.feed = FleetFeed(journal=self.journal, view=self.view)
 
     @property
     def fleet(self) -> Fleet:
@@ -335,6 +339,10 @@ class RouterService(router_pb2_grpc.RouterServicer):
         request: router_pb2.GetViewRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> router_pb2.RouterView:
+        return self.view()
+
+    def view(self) -> router_pb2.RouterView:
+        """Every worker this router knows, as GetView (and the WatchFleet feed) answer it."""
         now = self._clock.monotonic()
         view = router_pb2.RouterView(
             router_site=self._site, generated_unix_ms=int(time.time() * 1000)
@@ -355,6 +363,54 @@ class RouterService(router_pb2_grpc.RouterServicer):
             if report is not None:
                 wv.load.CopyFrom(report)
         return view
+
+    async def WatchFleet(
+        self,
+        request: router_pb2.WatchFleetRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> None:
+        try:
+            self.feed.acquire()
+        except WatcherLimit as err:
+            await abort_with(context, Overloaded(str(err), retry_after_s=5.0))
+        event(log, "feed.watching", watchers=self.feed.watchers)
+        try:
+            async for update in self.feed.stream(request):
+                await context.write(update)
+        finally:
+            self.feed.release()
+            event(log, "feed.stopped", watchers=self.feed.watchers)
+
+    async def ExplainRequest(
+        self,
+        request: router_pb2.ExplainRequestQuery,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> router_pb2.RequestExplanation:
+        if not request.request_id or len(request.request_id) > limits.MAX_REQUEST_ID_CHARS:
+            await abort_with(context, InvalidRequest("request_id is required", param="request_id"))
+        entries = [
+            e
+            for e in self.journal.for_request(request.request_id)
+            if e.query.tenant_id == request.tenant_id
+        ]
+        if not entries:
+            await abort_with(
+                context,
+                NotFound(f"no decision for request '{request.request_id}' is kept here"),
+            )
+        out = router_pb2.RequestExplanation(request_id=request.request_id)
+        for e in entries:
+            item = out.decisions.add(
+                at_unix_ms=int(e.at_unix * 1000),
+                signal=deciding_signal(e.decision),
+                exclude_worker_ids=sorted(e.query.exclude_worker_ids),
+            )
+            if e.decision.empty_reason is not None:
+                item.empty_reason = e.decision.empty_reason.value
+            item.decision.CopyFrom(
+                self._response(e.decision, e.decision_id, e.decision_us, explain=True)
+            )
+        return out
 
     def _response(
         self, decision: Decision, decision_id: str, elapsed_us: float, *, explain: bool

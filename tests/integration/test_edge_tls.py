@@ -14,7 +14,7 @@ import pytest
 from services.edge.selfsigned import write_self_signed
 from services.edge.tls import TlsConfig
 from tests.integration.conftest import MODEL, Stack
-from tests.support.builders import edge_config
+from tests.support.builders import TEST_ADMIN_TOKEN, edge_config
 from tests.support.inproc import RunningEdge, start_edge
 
 
@@ -63,3 +63,23 @@ async def test_an_untrusted_client_and_plain_http_are_both_refused(
         with pytest.raises(aiohttp.ClientError):
             async with http.get(f"{plain}/healthz") as resp:
                 await resp.read()
+
+
+async def test_over_tls_the_console_cookie_is_secure_and_host_bound(
+    tls_edge: tuple[RunningEdge, Path],
+) -> None:
+    edge, cert = tls_edge
+    trust = ssl.create_default_context(cafile=str(cert))
+    async with aiohttp.ClientSession(connector=aiohttp.TCPConnector(ssl=trust)) as http:
+        resp = await http.post(
+            f"{edge.url}/console/session",
+            data={"token": TEST_ADMIN_TOKEN},
+            allow_redirects=False,
+        )
+        cookie = resp.headers["Set-Cookie"]
+        assert cookie.startswith("__Host-meridian_console=")
+        assert "Secure" in cookie
+        assert "HttpOnly" in cookie
+        assert "SameSite=Strict" in cookie
+        page = await http.get(f"{edge.url}/")
+        assert page.headers["Strict-Transport-Security"] == "max-age=31536000"

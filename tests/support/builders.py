@@ -36,7 +36,7 @@ def w(worker_id: str, **kw: Any) -> WorkerSnapshot:
 
 def q(**kw: Any) -> RouteQuery:
     """A query for model ``m``, with any field overridden."""
-    return RouteQuery(request_id="r", **{"model": "m", **kw})
+    return RouteQuery(**{"request_id": "r", "model": "m", **kw})
 
 
 def profile(

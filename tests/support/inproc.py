@@ -11,12 +11,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import redis.asyncio as aioredis
-
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.telemetry import Telemetry
 from services.edge.app import EdgeDeps
 from services.edge.counters import EdgeCounters
+from services.edge.redisconn import RedisClient
 from services.edge.server import EdgeConfig, EdgeServer, connect_redis
 from services.edge.stages.validate import RequestLimits
 from services.edge.tenancy.apikeys import KeyHasher
@@ -203,7 +202,7 @@ class RunningEdge:
     server: EdgeServer
     url: str
     deps: EdgeDeps
-    redis: aioredis.Redis
+    redis: RedisClient
 
     @property
     def directory(self) -> Directory:

@@ -13,7 +13,7 @@ def layout_paths() -> list[str]:
     readme = (ROOT / "README.md").read_text(encoding="utf-8")
     section = readme.split("## Layout\n", 1)[1].split("\n## ", 1)[0]
     block = section.split("```", 2)[1]
-    return [m.group(1) for m in re.finditer(r"^\s*([a-z][\w./-]*/)\s", block, re.MULTILINE)]
+    return [m.group(1) for m in re.finditer(r"^([a-z][\w./-]*/)\s", block, re.MULTILINE)]
 
 
 def test_the_layout_section_names_many_folders() -> None:

@@ -20,7 +20,10 @@ An admitted request holds a :class:`Lease`. When the request ends (completed, fa
 client went away) :meth:`RateLimiter.settle` replaces the reservation with the tokens really
 used and frees the stream slot, in the background; live leases are renewed every
 ``renew_every_s`` so a long stream keeps its slot, and a crashed edge's slots expire after
-``lease_ttl_s``.
+``lease_ttl_s``. A settle that cannot reach Redis (an outage, a Sentinel failover) is kept
+and sent again once Redis answers; after a failover, the settles of the last 30 s are sent
+again to the new primary, at once and twice more within 5 s (the old one may have taken them
+and lost them).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -54,6 +58,11 @@ log = logging.getLogger("meridian.edge.ratelimit")
 
 _REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
 _MAX_DENIALS = 100_000
+_MAX_QUEUED_SETTLES = 100_000
+_SETTLE_BACKOFF_MIN_S = 0.05
+_SETTLE_BACKOFF_MAX_S = 1.0
+_RESETTLE_WINDOW_MS = 30_000
+_RESETTLE_AGAIN_S = (0.0, 2.0, 5.0)
 
 
 class FailureMode(StrEnum):
@@ -126,7 +135,13 @@ class RateLimiter:
         self._denied_until: dict[str, int] = {}  # scope id -> ms (RPM refusals)
         self._live: set[Lease] = set()
         self._pending: set[asyncio.Task[None]] = set()
-        self._to_settle: list[tuple[Ask, int]] = []  # Redis settles waiting for the flusher
+        # Redis settles waiting for the flusher: (ask, tokens used, when queued in ms).
+        self._to_settle: list[tuple[Ask, int, int]] = []
+        # Settles Redis acknowledged lately, sent again after a failover.
+        self._sent: deque[tuple[Ask, int, int]] = deque(maxlen=_MAX_QUEUED_SETTLES)
+        self._primary_seen = redis.primary() if redis is not None else None
+        self._resettle_due: list[float] = []  # monotonic times of resends still to come
+        self._closing = False
         self._flusher: asyncio.Task[None] | None = None
 
     def _now_ms(self) -> int:
@@ -247,13 +262,41 @@ class RateLimiter:
         if lease.backend is None:
             return
         if lease.backend is self._redis:
-            self._to_settle.append((lease.ask, used))
-            if self._flusher is None:
-                self._flusher = asyncio.get_running_loop().create_task(self._flush_settles())
+            self._queue_settles([(lease.ask, used, self._now_ms())])
             return
         task = asyncio.get_running_loop().create_task(self._settle_one(lease.backend, lease, used))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
+
+    def _queue_settles(self, items: list[tuple[Ask, int, int]]) -> None:
+        self._to_settle.extend(items)
+        if self._flusher is None:
+            self._flusher = asyncio.get_running_loop().create_task(self._flush_settles())
+
+    def _resettle_after_failover(self, *, now_too: bool = False) -> None:
+        """If another server takes our writes now (a Sentinel failover), send the settles of
+        the last ``_RESETTLE_WINDOW_MS`` again: the old primary may have acknowledged them
+        after a replica was promoted, and lost them when it became a replica itself. They
+        are sent at once and again ``_RESETTLE_AGAIN_S`` later (until every sentinel agrees,
+        a connection may still reach the old primary); settling twice is harmless."""
+        if self._redis is None:
+            return
+        now = self._clock.monotonic()
+        primary = self._redis.primary()
+        if primary != self._primary_seen:
+            first, self._primary_seen = self._primary_seen is None, primary
+            if not first:  # the first connection is not a failover
+                self._resettle_due = [now + delay for delay in _RESETTLE_AGAIN_S]
+        if not self._resettle_due or (self._resettle_due[0] > now and not now_too):
+            return
+        self._resettle_due = [t for t in self._resettle_due if t > now and not now_too]
+        oldest = self._now_ms() - _RESETTLE_WINDOW_MS
+        again = [item for item in self._sent if item[2] >= oldest]
+        self._sent.clear()
+        if again:
+            self._counters.settles_resent += len(again)
+            event(log, "ratelimit.resettle_after_failover", requests=len(again))
+            self._queue_settles(again)
 
     async def _settle_one(self, backend: LimiterBackend, lease: Lease, used: int) -> None:
         try:
@@ -263,29 +306,58 @@ class RateLimiter:
             event(log, "ratelimit.settle_failed", level=logging.WARNING, error=type(err).__name__)
 
     async def _flush_settles(self) -> None:
+        """Send queued Redis settles until none is left. A batch that cannot reach Redis (an
+        outage, a Sentinel failover, a breaker that is open) is kept and sent again with
+        backoff, so no reservation stays charged once Redis is back; settling twice is
+        harmless (the script sets the used tokens, it does not add them). A settle is dropped
+        (counted in ``settle_failures``) only when its entry has left the window anyway, or
+        when the edge shuts down before Redis returns."""
+        backoff_s = _SETTLE_BACKOFF_MIN_S
         try:
             while self._to_settle and self._redis is not None:
-                batch, self._to_settle = self._to_settle, []
-                if not self._breaker.allow():
-                    self._counters.settle_failures += len(batch)  # leases expire on their own
+                batch, self._to_settle = self._expired_settles_dropped(self._to_settle), []
+                if not batch:
                     continue
-                try:
-                    await self._redis.settle_many(batch, self._now_ms())
-                except _REDIS_ERRORS as err:
-                    self._breaker.failure()
+                if self._breaker.allow():
+                    try:
+                        await self._redis.settle_many([(a, u) for a, u, _ in batch], self._now_ms())
+                    except _REDIS_ERRORS as err:
+                        self._breaker.failure()
+                        event(
+                            log,
+                            "ratelimit.settle_failed",
+                            level=logging.WARNING,
+                            error=type(err).__name__,
+                            requests=len(batch),
+                        )
+                    else:
+                        backoff_s = _SETTLE_BACKOFF_MIN_S
+                        self._sent.extend(batch)
+                        self._resettle_after_failover()
+                        continue
+                if self._closing:
                     self._counters.settle_failures += len(batch)
-                    event(
-                        log,
-                        "ratelimit.settle_failed",
-                        level=logging.WARNING,
-                        error=type(err).__name__,
-                        requests=len(batch),
-                    )
+                    continue
+                self._counters.settle_retries += len(batch)
+                self._to_settle[:0] = batch
+                await asyncio.sleep(backoff_s)
+                backoff_s = min(backoff_s * 2, _SETTLE_BACKOFF_MAX_S)
         finally:
             self._flusher = None
 
+    def _expired_settles_dropped(
+        self, queued: list[tuple[Ask, int, int]]
+    ) -> list[tuple[Ask, int, int]]:
+        """The queued settles whose entries are still in the window (and at most
+        ``_MAX_QUEUED_SETTLES`` of them, the newest); the others are counted and dropped."""
+        oldest = self._now_ms() - self.config.window_ms
+        kept = [item for item in queued if item[2] >= oldest][-_MAX_QUEUED_SETTLES:]
+        self._counters.settle_failures += len(queued) - len(kept)
+        return kept
+
     async def renew_once(self) -> None:
         """Extend the leases of live requests; sweep idle local state."""
+        self._resettle_after_failover()
         now_ms = self._now_ms()
         self._local.sweep(now_ms)
         await self._local.renew([x.ask for x in self._live if x.backend is self._local], now_ms)
@@ -309,12 +381,21 @@ class RateLimiter:
                 await self.renew_once()
 
     async def close(self, timeout_s: float = 2.0) -> None:
-        """Wait (briefly) for settles still in flight."""
+        """Wait (briefly) for settles still in flight: each queued Redis settle gets one more
+        try, and those that still cannot reach Redis are counted as failed."""
+        self._closing = True
+        self._resettle_after_failover(now_too=True)  # resends still due: now, one last time
         waiting = set(self._pending)
         if self._flusher is not None:
             waiting.add(self._flusher)
         if waiting:
             await asyncio.wait(waiting, timeout=timeout_s)
+        if self._flusher is not None:
+            self._flusher.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._flusher
+        self._counters.settle_failures += len(self._to_settle)
+        self._to_settle.clear()
 
 
 def _at(verdict: Verdict) -> Verdict:

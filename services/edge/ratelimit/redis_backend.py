@@ -19,11 +19,13 @@ wall clocks must be NTP-synchronised (a skew of d shifts one replica's window ed
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 
-import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from services.edge.ratelimit.types import Ask, Reason, Scope, ScopeState, Verdict, limit_args
+from services.edge.redisconn import RedisClient, primary_of
 
 RL_PREFIX = "meridian:rl:"
 
@@ -173,12 +175,15 @@ def scope_keys(scope: Scope) -> tuple[str, str, str]:
 class RedisBackend:
     name = "redis"
 
-    def __init__(self, *, redis: aioredis.Redis, window_ms: int, lease_ms: int) -> None:
+    def __init__(self, *, redis: RedisClient, window_ms: int, lease_ms: int) -> None:
         if window_ms < 1 or lease_ms < 1:
             raise ValueError("window_ms and lease_ms must be >= 1")
         self._redis = redis
         self._window_ms = window_ms
         self._lease_ms = lease_ms
+        #: Which server takes our writes now (see :func:`primary_of`): the limiter sends
+        #: recent settles again when it changes.
+        self.primary = primary_of(redis)
         self._admit = redis.register_script(ADMIT_LUA)
         self._settle = redis.register_script(SETTLE_LUA)
 
@@ -202,16 +207,20 @@ class RedisBackend:
 
     async def settle_many(self, items: Sequence[tuple[Ask, int]], now_ms: int) -> None:
         """Settle several requests in one pipelined round trip (each settle stays atomic)."""
-        if len(items) == 1:
-            ask, used = items[0]
-            keys = [k for scope in ask.scopes for k in scope_keys(scope)]
-            await self._settle(keys=keys, args=[ask.request_id, used])
+        if len(items) == 1 or isinstance(self._redis, RedisCluster):
+            # A Cluster pipeline cannot load a script its shard lacks (NOSCRIPT after a
+            # failover), so there each settle is its own call, all at once.
+            await asyncio.gather(*(self._settle_one(ask, used) for ask, used in items))
             return
         async with self._redis.pipeline(transaction=False) as pipe:
             for ask, used in items:
                 keys = [k for scope in ask.scopes for k in scope_keys(scope)]
                 await self._settle(keys=keys, args=[ask.request_id, used], client=pipe)
             await pipe.execute()
+
+    async def _settle_one(self, ask: Ask, used: int) -> None:
+        keys = [k for scope in ask.scopes for k in scope_keys(scope)]
+        await self._settle(keys=keys, args=[ask.request_id, used])
 
     async def renew(self, asks: Sequence[Ask], now_ms: int) -> None:
         """Extend the leases of live streams (one pipelined round trip for all of them)."""

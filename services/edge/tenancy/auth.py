@@ -21,15 +21,16 @@ import logging
 from collections import OrderedDict
 from dataclasses import dataclass
 
-import redis.asyncio as aioredis
 import redis.exceptions
 from aiohttp import web
+from redis.asyncio.client import PubSub
 
 from services.common.clock import Clock
 from services.common.errors import AuthenticationFailed, PermissionDenied, Unavailable
 from services.common.logs import event
 from services.edge.breaker import Breaker
 from services.edge.counters import EdgeCounters
+from services.edge.redisconn import RedisClient, open_pubsub
 from services.edge.tenancy.apikeys import KeyHasher, KeyRecord, looks_like_key
 from services.edge.tenancy.directory import EVENTS_CHANNEL, Directory
 from services.edge.tenancy.tenants import Limits, Tenant
@@ -247,7 +248,7 @@ class Authenticator:
             entry.fresh_until = 0.0
         self._negative.clear()
 
-    async def listen(self, client: aioredis.Redis, stop: asyncio.Event) -> None:
+    async def listen(self, client: RedisClient, stop: asyncio.Event) -> None:
         """Follow :data:`EVENTS_CHANNEL` until ``stop``; reconnects with backoff.
 
         After every (re)subscription all entries are expired: messages sent while this edge
@@ -255,8 +256,9 @@ class Authenticator:
         """
         backoff = 0.1
         while not stop.is_set():
-            pubsub = client.pubsub(ignore_subscribe_messages=True)
+            pubsub: PubSub | None = None
             try:
+                pubsub = await open_pubsub(client)
                 await pubsub.subscribe(EVENTS_CHANNEL)
                 self.expire_all()
                 backoff = 0.1
@@ -271,5 +273,6 @@ class Authenticator:
                     await asyncio.wait_for(stop.wait(), backoff)
                 backoff = min(backoff * 2, 2.0)
             finally:
-                with contextlib.suppress(redis.exceptions.RedisError, OSError):
-                    await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py
+                if pubsub is not None:
+                    with contextlib.suppress(redis.exceptions.RedisError, OSError):
+                        await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py

@@ -5,27 +5,33 @@ Used by the admin API, the local stack's bootstrap and the tests; the request pa
 published on :data:`EVENTS_CHANNEL`, so every edge replica drops it at once (their short cache
 TTL is the backstop if a message is lost).
 
-Redis layout (``meridian:`` prefix)::
+Redis layout (``meridian:`` prefix; ``{t:ID}`` is a Redis Cluster hash tag, so a tenant and
+its key list live on one shard)::
 
     tenants                  set     tenant ids
-    tenant:{id}              string  the tenant, JSON (services.edge.tenancy.tenants.Tenant)
-    tenant:{id}:keys         set     key ids of the tenant
-    apikey:{digest}          hash    key_id, tenant, name, created_ms, [expires_ms],
+    tenant:{t:ID}            string  the tenant, JSON (services.edge.tenancy.tenants.Tenant)
+    tenant:{t:ID}:keys       set     key ids of the tenant
+    apikey:DIGEST            hash    key_id, tenant, name, created_ms, [expires_ms],
                                      [revoked_ms], [limits]   (digest = HMAC-SHA256, hex)
-    keyid:{key_id}           string  the digest (admin lookups by key id)
+    keyid:KEY_ID             string  the digest (admin lookups by key id)
+
+Works the same on one server, Sentinel and Cluster: no transaction spans two hash slots (the
+only MULTI is a WATCHed update of one tenant), and no multi-key command spans two either;
+where a change touches several keys they are written in an order that is safe to stop half
+way, and the event is published after the change is stored.
 
 The raw key exists only in the caller's hands: ``create_key``/``rotate_key`` return it once.
 """
 
 from __future__ import annotations
 
-import redis.asyncio as aioredis
 import redis.exceptions
 from redis.typing import EncodableT, FieldT
 
 from services.common.clock import Clock
 from services.common.errors import InvalidRequest, NotFound
 from services.edge.httperrors import Conflict
+from services.edge.redisconn import RedisClient
 from services.edge.tenancy.apikeys import KEY_ID_CHARS, KeyHasher, KeyRecord, new_raw_key
 from services.edge.tenancy.tenants import Limits, Tenant, TenantPatch, valid_tenant_id
 
@@ -39,7 +45,11 @@ def _text(value: bytes | str) -> str:
 
 
 def _tenant_key(tenant_id: str) -> str:
-    return f"{NS}tenant:{tenant_id}"
+    return f"{NS}tenant:{{t:{tenant_id}}}"
+
+
+def _tenant_keys(tenant_id: str) -> str:
+    return f"{NS}tenant:{{t:{tenant_id}}}:keys"
 
 
 def _apikey(digest: str) -> str:
@@ -55,13 +65,18 @@ def tenant_event(tenant_id: str) -> str:
 
 
 class Directory:
-    def __init__(self, *, redis: aioredis.Redis, hasher: KeyHasher, clock: Clock) -> None:
+    def __init__(self, *, redis: RedisClient, hasher: KeyHasher, clock: Clock) -> None:
         self._redis = redis
         self._hasher = hasher
         self._clock = clock
 
     def _now_ms(self) -> int:
         return int(self._clock.time() * 1000)
+
+    async def _publish(self, message: str) -> None:
+        """Tell every replica, *after* the change is stored (a replica that re-reads on the
+        event must see it)."""
+        await self._redis.publish(EVENTS_CHANNEL, message)
 
     # Tenants ---------------------------------------------------------------------------------
 
@@ -101,7 +116,12 @@ class Directory:
         ids = sorted(_text(m) for m in await self._redis.smembers(f"{NS}tenants"))
         if not ids:
             return []
-        raws = await self._redis.mget([_tenant_key(i) for i in ids])
+        # One GET each in one pipeline, not MGET: on a Redis Cluster the tenants live on
+        # different shards, and the cluster client splits a pipeline per shard.
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for i in ids:
+                pipe.get(_tenant_key(i))
+            raws = await pipe.execute()
         return [Tenant.model_validate_json(r) for r in raws if r is not None]
 
     async def update_tenant(self, tenant_id: str, patch: TenantPatch) -> Tenant:
@@ -115,11 +135,11 @@ class Directory:
                 updated = patch.apply(Tenant.model_validate_json(raw))
                 pipe.multi()  # type: ignore[no-untyped-call]  # untyped in redis-py
                 pipe.set(key, updated.model_dump_json())
-                pipe.publish(EVENTS_CHANNEL, tenant_event(tenant_id))
                 try:
                     await pipe.execute()
                 except redis.exceptions.WatchError:
                     continue
+            await self._publish(tenant_event(tenant_id))
             return updated
 
     async def delete_tenant(self, tenant_id: str) -> None:
@@ -128,11 +148,9 @@ class Directory:
         for record in await self.list_keys(tenant_id):
             if record.revoked_ms is None:
                 await self.revoke_key(record.key_id)
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.delete(_tenant_key(tenant_id))
-            pipe.srem(f"{NS}tenants", tenant_id)
-            pipe.publish(EVENTS_CHANNEL, tenant_event(tenant_id))
-            await pipe.execute()
+        await self._redis.delete(_tenant_key(tenant_id))
+        await self._redis.srem(f"{NS}tenants", tenant_id)
+        await self._publish(tenant_event(tenant_id))
 
     # Keys ------------------------------------------------------------------------------------
 
@@ -162,11 +180,11 @@ class Directory:
             # A 48-bit key-id collision is astronomically unlikely; never overwrite one.
             if await self._redis.set(f"{NS}keyid:{record.key_id}", digest, nx=True):
                 break
-        async with self._redis.pipeline(transaction=True) as pipe:
-            fields: dict[FieldT, EncodableT] = {k: v for k, v in record.to_fields().items()}
-            pipe.hset(_apikey(digest), mapping=fields)
-            pipe.sadd(f"{NS}tenant:{tenant_id}:keys", record.key_id)
-            await pipe.execute()
+        # Listed first, then usable: a key whose record exists is always in its tenant's
+        # list (a listed id without a record is skipped by list_keys).
+        await self._redis.sadd(_tenant_keys(tenant_id), record.key_id)
+        fields: dict[FieldT, EncodableT] = {k: v for k, v in record.to_fields().items()}
+        await self._redis.hset(_apikey(digest), mapping=fields)
         return raw, record
 
     async def load_key(self, digest: str) -> KeyRecord | None:
@@ -187,7 +205,7 @@ class Directory:
 
     async def list_keys(self, tenant_id: str) -> list[KeyRecord]:
         await self.require_tenant(tenant_id)
-        members = await self._redis.smembers(f"{NS}tenant:{tenant_id}:keys")
+        members = await self._redis.smembers(_tenant_keys(tenant_id))
         ids = sorted(_text(m) for m in members)
         records = []
         for key_id in ids:
@@ -204,10 +222,8 @@ class Directory:
     async def _end_key(self, key_id: str, *, revoke: bool, at_ms: int) -> KeyRecord:
         digest = await self._digest_of(key_id)
         field = "revoked_ms" if revoke else "expires_ms"
-        async with self._redis.pipeline(transaction=True) as pipe:
-            pipe.hset(_apikey(digest), field, str(at_ms))
-            pipe.publish(EVENTS_CHANNEL, key_event(digest))
-            await pipe.execute()
+        await self._redis.hset(_apikey(digest), field, str(at_ms))
+        await self._publish(key_event(digest))
         return await self.get_key(key_id)
 
     async def rotate_key(self, key_id: str, *, grace_s: float = 0.0) -> tuple[str, KeyRecord]:

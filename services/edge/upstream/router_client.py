@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -94,6 +95,32 @@ class RouterClient:
                 router_pb2.GetViewRequest(), timeout=self._timeout_s
             )
             return view
+        except grpc.aio.AioRpcError as err:
+            raise _router_error(err) from None
+
+    async def watch_fleet(
+        self, request: router_pb2.WatchFleetRequest
+    ) -> AsyncIterator[router_pb2.FleetUpdate]:
+        """The router's live feed for operators' consoles (services/edge/web/feed.py);
+        cancelled with the iteration. Raises MeridianError when the router fails it."""
+        call = self._stub.WatchFleet(request)
+        try:
+            async for update in call:
+                yield update
+        except grpc.aio.AioRpcError as err:
+            raise _router_error(err) from None
+        finally:
+            call.cancel()
+
+    async def explain_request(
+        self, request: router_pb2.ExplainRequestQuery
+    ) -> router_pb2.RequestExplanation:
+        """The router's decisions for one request, explained (the chat page's "why")."""
+        try:
+            resp: router_pb2.RequestExplanation = await self._stub.ExplainRequest(
+                request, timeout=self._timeout_s
+            )
+            return resp
         except grpc.aio.AioRpcError as err:
             raise _router_error(err) from None
 

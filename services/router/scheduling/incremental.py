@@ -67,6 +67,28 @@ _MIN_DEPTH = 8  # rebuild it when fewer kept members than this are known to be a
 _MAX_SHORTLIST = 4 * _SHORTLIST  # or when climbers have made it this long
 
 Timings = dict[str, int]
+_BLOCK = 64  # changed_positions compares lists this many snapshots at a time
+
+
+def changed_positions(new: Sequence[WorkerSnapshot], old: list[WorkerSnapshot]) -> list[int]:
+    """Positions whose snapshot is not the object the view holds.
+
+    A scan with ``is not`` costs ~35 ns a worker (350 µs at 10,000: most of a warm decision).
+    Comparing 64-snapshot slices with ``==`` first costs ~3 ns a worker for identical slices
+    (list equality checks identity before calling ``__eq__``), and only slices that differ are
+    scanned. A new snapshot *equal* to the old one is reported unchanged, which is sound: plugins
+    are pure functions of a snapshot's fields, and the view keeps the old, equal object.
+    """
+    n = len(new)
+    if n <= 4 * _BLOCK or not isinstance(new, list):
+        return list(compress(range(n), map(_IS_NOT, new, old)))
+    out: list[int] = []
+    for lo in range(0, n, _BLOCK):
+        a = new[lo : lo + _BLOCK]
+        b = old[lo : lo + _BLOCK]
+        if a != b:
+            out.extend(compress(range(lo, lo + len(a)), map(_IS_NOT, a, b)))
+    return out
 
 
 class ClassMemo:
@@ -227,7 +249,7 @@ class Incremental:
             self._rebuild(view, list(workers), ns)
             return view
         views.move_to_end(keys)
-        changed = list(compress(range(n), map(_IS_NOT, workers, view.workers)))
+        changed = changed_positions(workers, view.workers)
         if len(changed) * 2 > n:
             self._rebuild(view, list(workers), ns)
         elif changed:

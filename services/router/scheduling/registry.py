@@ -16,9 +16,11 @@ from services.router.scheduling.filters.ejection import FailureEjectionFilter
 from services.router.scheduling.filters.exclude import ExcludeFilter
 from services.router.scheduling.filters.healthy import HealthyFilter
 from services.router.scheduling.filters.model import ModelReadyFilter
+from services.router.scheduling.filters.reserve import TierReserveFilter
 from services.router.scheduling.filters.residency import ResidencyFilter
 from services.router.scheduling.filters.stale import FreshReportFilter
 from services.router.scheduling.pickers.max_score import MaxScorePicker
+from services.router.scheduling.pickers.power_of_two import PowerOfTwoPicker
 from services.router.scheduling.pickers.round_robin import RoundRobinPicker
 from services.router.scheduling.pickers.weighted_random import WeightedRandomPicker
 from services.router.scheduling.plugin import Filter, Picker, Plugin, Scorer
@@ -45,6 +47,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     FreshReportFilter,
     FailureEjectionFilter,
     AdmissionFilter,
+    TierReserveFilter,
     # scorers
     LatencyScorer,
     LossScorer,
@@ -60,6 +63,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     MaxScorePicker,
     WeightedRandomPicker,
     RoundRobinPicker,
+    PowerOfTwoPicker,
 )
 
 

@@ -17,6 +17,7 @@ from services.worker.main import build_parser as worker_parser
 
 REPO = Path(__file__).resolve().parents[3]
 COMPOSE = yaml.safe_load((REPO / "docker-compose.yml").read_text())
+OVERLAYS = {p.name: yaml.safe_load(p.read_text()) for p in (REPO / "deploy/compose").glob("*.yml")}
 
 
 def _netem_parser() -> argparse.ArgumentParser:
@@ -35,11 +36,49 @@ PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
 
 def meridian_services() -> list[tuple[str, list[str]]]:
     out = []
-    for name, svc in COMPOSE["services"].items():
-        command: list[Any] = svc.get("command", [])
-        if command and str(command[0]) in PARSERS:
-            out.append((name, [str(c) for c in command]))
+    for source, spec in [("docker-compose.yml", COMPOSE), *OVERLAYS.items()]:
+        for name, svc in spec["services"].items():
+            command: list[Any] = svc.get("command", [])
+            if command and str(command[0]) in PARSERS:
+                out.append((f"{source}:{name}", [str(c) for c in command]))
     return out
+
+
+def test_the_chaos_overlay_keeps_the_routers_command_and_adds_its_debug_endpoint() -> None:
+    base = COMPOSE["services"]["router"]["command"]
+    overlay = OVERLAYS["chaos.yml"]["services"]["router"]["command"]
+    assert overlay[: len(base)] == base
+    assert overlay[len(base) :] == ["--debug-host", "0.0.0.0", "--debug-port", "9151"]
+
+
+def test_every_service_has_a_health_check_and_waits_for_what_it_needs() -> None:
+    core = {n: s for n, s in COMPOSE["services"].items() if not s.get("profiles")}
+    for name, svc in core.items():
+        assert svc.get("healthcheck", {}).get("test"), name
+    edge = COMPOSE["services"]["edge"]["depends_on"]
+    assert edge == {
+        "redis": {"condition": "service_healthy"},
+        "router": {"condition": "service_healthy"},
+    }
+    assert COMPOSE["services"]["router"]["depends_on"] == {
+        "netem": {"condition": "service_healthy"}
+    }
+
+
+@pytest.mark.parametrize("name", [n for n, s in COMPOSE["services"].items() if "healthcheck" in s])
+def test_health_checks_parse_with_the_health_check_tool(name: str) -> None:
+    from services.common.healthcheck import build_parser as health_parser
+
+    test = COMPOSE["services"][name]["healthcheck"]["test"]
+    if test[1:4] == ["python", "-m", "services.common.healthcheck"]:
+        health_parser().parse_args(test[4:])
+    else:
+        assert test[1] == "redis-cli", test
+
+
+def test_the_operators_view_is_its_own_profile() -> None:
+    for name in ("otel-collector", "jaeger", "prometheus", "grafana"):
+        assert COMPOSE["services"][name]["profiles"] == ["observability"], name
 
 
 @pytest.mark.parametrize(("name", "command"), meridian_services())
@@ -58,13 +97,15 @@ def test_router_watches_every_netem_route() -> None:
 
 
 def test_the_edge_is_published_on_localhost_only() -> None:
-    assert COMPOSE["services"]["edge"]["ports"] == ["127.0.0.1:8080:8080"]
+    assert COMPOSE["services"]["edge"]["ports"] == ["127.0.0.1:${EDGE_PORT:-8080}:8080"]
 
 
 @pytest.mark.parametrize("dockerfile", sorted((REPO / "deploy/docker").glob("Dockerfile*")))
 def test_dockerfiles_copy_paths_that_exist(dockerfile: Path) -> None:
     lines = dockerfile.read_text().splitlines()
-    sources = [line.split()[1] for line in lines if line.startswith("COPY ")]
+    sources = [
+        line.split()[1] for line in lines if line.startswith("COPY ") and "--from=" not in line
+    ]
     assert sources
     for src in sources:
         assert (REPO / src).exists(), src

@@ -27,10 +27,15 @@ def test_collector_pipelines_use_defined_components() -> None:
     assert jaeger in COMPOSE["services"]
 
 
-def test_services_export_to_the_collector() -> None:
+def test_services_export_to_the_collector_when_told_to() -> None:
+    """The core stack runs without the operator's view: OTLP export is off unless
+    MERIDIAN_OTLP_ENDPOINT names the collector, as the file's header says to do."""
     env = COMPOSE["x-otel-env"]
-    host = env["OTEL_EXPORTER_OTLP_ENDPOINT"].split("//")[1].split(":")[0]
-    assert host in COMPOSE["services"]
+    assert env["OTEL_EXPORTER_OTLP_ENDPOINT"] == "${MERIDIAN_OTLP_ENDPOINT:-}"
+    header = (Path(__file__).resolve().parents[3] / "docker-compose.yml").read_text()
+    documented = header.split("MERIDIAN_OTLP_ENDPOINT=", 1)[1].split()[0]
+    host = documented.split("//")[1].split(":")[0]
+    assert COMPOSE["services"][host]["profiles"] == ["observability"]
 
 
 def test_prometheus_scrapes_every_service_on_its_metrics_port() -> None:

@@ -5,6 +5,7 @@ aimed at a port nobody listens on for "Redis is down"."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
@@ -26,6 +27,8 @@ from services.edge.ratelimit.redis_backend import RedisBackend, scope_keys
 from services.edge.ratelimit.types import Ask, Scope
 from services.edge.ratelimit.window import LocalBackend
 from services.edge.tenancy.tenants import Limits
+from tests.support.redis_proc import RedisProcess
+from tests.support.wait import eventually
 
 
 @pytest.fixture
@@ -193,7 +196,7 @@ async def test_settling_frees_the_stream_slot_in_the_background(live: aioredis.R
     assert nxt.headers["x-ratelimit-remaining-tokens"] == "43"  # 100 - 7 - 50
 
 
-async def test_a_failed_settle_is_counted_and_left_to_the_lease_expiry(
+async def test_a_settle_that_cannot_reach_redis_at_shutdown_is_counted_as_failed(
     dead: aioredis.Redis,
 ) -> None:
     counters = EdgeCounters()
@@ -202,6 +205,39 @@ async def test_a_failed_settle_is_counted_and_left_to_the_lease_expiry(
     limiter.settle(Lease(ask(max_streams=1), backend), 1)
     await limiter.close()
     assert counters.settle_failures == 1
+
+
+async def test_a_settle_that_fails_is_sent_again_once_redis_answers(
+    tmp_path: Path,
+) -> None:
+    """The reservation is corrected and the stream slot freed after an outage, not left
+    charged until the window forgets it."""
+    server = RedisProcess(tmp_path / "redis")
+    server.start()
+    client = aioredis.Redis.from_url(server.url, socket_connect_timeout=0.3, socket_timeout=0.3)
+    clock = ManualClock()
+    counters = EdgeCounters()
+    limiter = make(client, clock, counters)
+    try:
+        lease = await limiter.admit(ask(100, tpm=1000, max_streams=1))
+        server.stop()
+        limiter.settle(lease, 7)
+        await eventually(lambda: counters.settle_retries >= 2, timeout_s=10)
+        server.start()  # same port, empty: the admission is gone, so admit it again first
+        (scope,) = lease.ask.scopes
+        window, tokens, streams = scope_keys(scope)
+        await client.zadd(window, {lease.ask.request_id: int(clock.time() * 1000)})
+        await client.hset(tokens, mapping={lease.ask.request_id: 100, "#sum": 100})
+        await client.zadd(streams, {lease.ask.request_id: int(clock.time() * 1000) + 30_000})
+        clock.advance(2.0)  # the breaker lets Redis be tried again
+        await eventually(lambda: limiter._flusher is None, timeout_s=10)
+        assert await client.hget(tokens, "#sum") == b"7"
+        assert await client.zcard(streams) == 0
+        assert counters.settle_failures == 0
+    finally:
+        await limiter.close()
+        await client.aclose()
+        server.stop()
 
 
 async def test_renewal_extends_the_leases_of_live_requests(live: aioredis.Redis) -> None:
@@ -247,7 +283,9 @@ async def test_a_burst_of_settles_is_group_committed_and_all_applied(
     assert int(total) == 500
 
 
-async def test_settles_that_cannot_reach_redis_are_each_counted(dead: aioredis.Redis) -> None:
+async def test_settles_that_cannot_reach_redis_by_shutdown_are_each_counted(
+    dead: aioredis.Redis,
+) -> None:
     counters = EdgeCounters()
     limiter = make(dead, ManualClock(), counters, failure_mode=FailureMode.OPEN)
     backend = limiter._redis

@@ -10,6 +10,7 @@ from services.router.scheduling.filters.ejection import FailureEjectionFilter
 from services.router.scheduling.filters.exclude import ExcludeFilter
 from services.router.scheduling.filters.healthy import HealthyFilter
 from services.router.scheduling.filters.model import ModelReadyFilter
+from services.router.scheduling.filters.reserve import TierReserveFilter
 from services.router.scheduling.filters.residency import ResidencyFilter
 from services.router.scheduling.filters.stale import FreshReportFilter
 from services.router.scheduling.params import ParamError
@@ -250,3 +251,32 @@ def test_filter_parameters_are_validated_at_construction(build: object, path: st
     with pytest.raises(ParamError) as err:
         build()  # type: ignore[operator]
     assert err.value.path == path
+
+
+@pytest.mark.parametrize(
+    ("priority", "kept"),
+    [
+        (Priority.LOW, ["free3"]),
+        (Priority.STANDARD, ["free2", "free3"]),
+        (Priority.HIGH, ["free1", "free2", "free3"]),
+    ],
+)
+def test_tier_reserve_keeps_the_last_slots_for_the_tiers_above(
+    priority: Priority, kept: list[str]
+) -> None:
+    rows = [
+        w("full", running=6, waiting=1, in_flight=1, max_running=8),
+        w("free1", running=7, max_running=8),
+        w("free2", running=5, in_flight=1, max_running=8),
+        w("free3", running=5, max_running=8),
+    ]
+    f = TierReserveFilter(low=2, standard=1, high=0)
+    survivors, rejected = f.filter(q(priority=priority), rows)
+    assert [s.worker_id for s in survivors] == kept
+    assert all("slots=" in r.reason for r in rejected)
+    assert f.EMPTY_REASON is NoCandidate.SATURATED
+
+
+def test_tier_reserve_refuses_a_lower_tier_with_more_room() -> None:
+    with pytest.raises(ParamError, match="low >= standard >= high"):
+        TierReserveFilter(low=0, standard=1, high=0)

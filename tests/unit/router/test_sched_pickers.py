@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 
 from services.router.scheduling.pickers.max_score import MaxScorePicker
+from services.router.scheduling.pickers.power_of_two import PowerOfTwoPicker
 from services.router.scheduling.pickers.round_robin import RoundRobinPicker
 from services.router.scheduling.pickers.weighted_random import WeightedRandomPicker
 from services.router.scheduling.plugin import Candidates, Scored
@@ -101,4 +102,18 @@ def test_round_robin_rotates_through_candidates_ignoring_scores() -> None:
     picker = RoundRobinPicker(max_candidates=2)
     s = scored([0.9, 0.1, 0.5])
     assert [picker.pick(QUERY, s) for _ in range(4)] == [(0, 1), (1, 2), (2, 0), (0, 1)]
+    assert picker.pick(QUERY, scored([])) == ()
+
+
+def test_power_of_two_ranks_the_better_of_two_random_candidates_first() -> None:
+    picker = PowerOfTwoPicker(choices=2, max_candidates=3)
+    s = scored([0.9, 0.1, 0.5, 0.2, 0.7], seed=3)
+    firsts = set()
+    for _ in range(200):
+        ranked = picker.pick(QUERY, s)
+        assert len(ranked) == len(set(ranked)) == 3
+        assert s.totals[ranked[0]] >= s.totals[ranked[1]]  # the better of the two drawn
+        firsts.add(ranked[0])
+    assert 1 not in firsts  # the worst can never win a pair
+    assert len(firsts) > 1  # unlike max-score, it spreads over good-enough workers
     assert picker.pick(QUERY, scored([])) == ()

@@ -48,7 +48,10 @@ def problems(doc: Any) -> tuple[str, ...]:
     return err.value.problems
 
 
-@pytest.mark.parametrize("name", ["default", "round-robin", "nearest-region", "least-loaded"])
+@pytest.mark.parametrize(
+    "name",
+    ["default", "default-spread", "round-robin", "nearest-region", "least-loaded", "power-of-two"],
+)
 def test_shipped_profiles_load(name: str) -> None:
     scheduler = load_profile(PROFILES / f"{name}.yaml")
     assert isinstance(scheduler, SchedulerProfile)
@@ -236,6 +239,11 @@ def test_choosing_a_profile_by_name() -> None:
 
 def test_registry_names_are_unique_across_extension_points() -> None:
     registry = default_registry()
-    assert registry.names("picker") == ("max-score", "round-robin", "weighted-random")
+    assert registry.names("picker") == (
+        "max-score",
+        "power-of-two",
+        "round-robin",
+        "weighted-random",
+    )
     with pytest.raises(ValueError, match="registered twice"):
         PluginRegistry([*BUILTIN_PLUGINS, BUILTIN_PLUGINS[0]])

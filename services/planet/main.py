@@ -1,0 +1,191 @@
+"""``python -m bench.planet``: run a scenario (once per router profile) and write the report.
+
+    python -m bench.planet --scenario deploy/sim/planet.yaml \\
+        [--profiles default round-robin nearest-region least-loaded power-of-two] \\
+        [--duration 600] [--engine fast|exact] [--out bench/results/planet] [--no-progress]
+    python -m bench.planet --calibration      # the RTT model's fit to published measurements
+
+Bad flags exit 2 naming the flag; a bad scenario exits 2 with every problem located; a scenario
+that would not fit in memory is refused before it starts, with the estimate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from services.planet.errors import ScenarioError, ScenarioTooLarge
+from services.planet.memory import estimate, limit_mib
+from services.planet.scenario import Scenario, load_scenario
+
+ROOT = Path(__file__).resolve().parents[2]
+PROFILES = ROOT / "deploy/router/profiles"
+
+
+def profile_path(name: str) -> Path:
+    p = Path(name)
+    if p.suffix in (".yaml", ".yml"):
+        return p
+    return PROFILES / f"{name}.yaml"
+
+
+def check_memory(sc: Scenario) -> float:
+    need, breakdown = estimate(sc)
+    limit = limit_mib(sc)
+    if need > limit:
+        raise ScenarioTooLarge(sc.source, need, limit, breakdown)
+    return need
+
+
+def run_one(sc: Scenario, profile: Path, progress: bool, label: str) -> dict[str, Any]:
+    from services.planet.report import summarise
+    from services.planet.sim import Planet
+
+    bar = None
+    callback = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(
+            total=round(sc.duration_s), unit="sim s", desc=label, leave=True, file=sys.stderr
+        )
+        state = {"t": 0}
+
+        def callback(t: float) -> None:
+            n = int(t)
+            if n > state["t"]:
+                bar.update(n - state["t"])
+                state["t"] = n
+
+    planet = Planet(sc, profile=profile, progress=callback)
+    stats = planet.run()
+    if bar is not None:
+        bar.close()
+    return summarise(planet, stats, label)
+
+
+def calibration() -> int:
+    from services.planet.geo import median
+    from services.planet.world import calibrate, read_calibration, read_regions
+
+    regions = read_regions(ROOT / "deploy/sim/regions.csv")
+    model, residuals = calibrate(
+        regions, read_calibration(ROOT / "deploy/sim/calibration.csv", regions)
+    )
+    print(f"path_stretch {model.path_stretch:.3f}, overhead {model.overhead_ms:.1f} ms")
+    print(f"{'pair':<34} {'km':>6} {'measured':>9} {'model':>7} {'error':>7}")
+    for r in sorted(residuals, key=lambda r: r.distance_km):
+        print(f"{r.a + ' - ' + r.b:<34} {r.distance_km:>6.0f} {r.measured_ms:>7.1f}ms "
+              f"{r.modelled_ms:>5.1f}ms {100 * r.relative_error:>+6.0f}%")  # fmt: skip
+    errors = [abs(r.relative_error) for r in residuals]
+    print(f"median |error| {100 * median(errors):.0f} %, max {100 * max(errors):.0f} %")
+    return 0
+
+
+def combine(paths: list[Path], out: Path, p: argparse.ArgumentParser) -> int:
+    import json
+
+    from services.planet.report import write_json, write_markdown
+
+    results: list[dict[str, Any]] = []
+    for path in paths:
+        try:
+            loaded = json.loads(path.read_text())
+        except (OSError, ValueError) as err:
+            p.error(f"--combine: cannot read {path}: {err}")
+        results.extend(loaded if isinstance(loaded, list) else [loaded])
+    out.mkdir(parents=True, exist_ok=True)
+    write_json(results, out / "results.json")
+    print(f"report: {write_markdown(results, out)}")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.planet", description=__doc__.splitlines()[0])
+    p.add_argument("--scenario", type=Path, help="scenario YAML (e.g. deploy/sim/planet.yaml)")
+    p.add_argument(
+        "--profiles",
+        nargs="+",
+        default=None,
+        help="router profiles (names under deploy/router/profiles or .yaml paths); the first is "
+        "the one compared with the others; default: the scenario's",
+    )
+    p.add_argument("--duration", type=float, help="override duration_s")
+    p.add_argument("--engine", choices=("fast", "exact"), help="override the engine model")
+    p.add_argument(
+        "--out", type=Path, default=ROOT / "bench/results/tmp/planet", help="report folder"
+    )
+    p.add_argument("--no-progress", action="store_true")
+    p.add_argument("--calibration", action="store_true", help="print the RTT model's fit and exit")
+    p.add_argument(
+        "--combine",
+        nargs="+",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="write one comparison report from earlier runs' results.json (profiles run in "
+        "parallel processes); the first is the one compared with the others",
+    )
+    args = p.parse_args(argv)
+    if args.calibration:
+        return calibration()
+    if args.combine:
+        return combine(args.combine, args.out, p)
+    if args.scenario is None:
+        p.error("--scenario is required")
+    if args.duration is not None and not args.duration > 0:
+        p.error("--duration must be > 0")
+    profiles = [profile_path(n) for n in args.profiles] if args.profiles else None
+    if profiles:
+        missing = [str(x) for x in profiles if not x.exists()]
+        if missing:
+            p.error(f"--profiles: no such profile: {', '.join(missing)}")
+    overrides: dict[str, Any] = {}
+    if args.duration is not None:
+        overrides["duration_s"] = args.duration
+    if args.engine is not None:
+        overrides["engine"] = args.engine
+    try:
+        sc = load_scenario(args.scenario, overrides=overrides)
+        need = check_memory(sc)
+    except ScenarioError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    from services.planet.report import write_json, write_markdown
+
+    print(
+        f"{sc.name}: {len(sc.fleet_regions)} regions, {len(sc.workers):,} workers, "
+        f"{len(sc.sites)} sites, {sc.duration_s:g} s; memory estimate {need:,.0f} MiB",
+        file=sys.stderr,
+    )
+    results = []
+    for prof in profiles or [sc.router.profile]:
+        label = prof.stem
+        results.append(run_one(sc, prof, not args.no_progress, label))
+        r = results[-1]
+        print(
+            f"{label:<16} TTFT p50 {r['ttft_ms']['p50']:>7.0f} ms  "
+            f"p99 {r['ttft_ms']['p99']:>7.0f} ms  "
+            f"goodput {100 * r['goodput']:5.1f} %  refused {r['refused_total']:>6}  "
+            f"residency violations {r['residency_violations']}  "
+            f"oscillation {r['oscillation']:.3f}  "
+            f"{r['run']['simulated_requests_per_wall_s']:,.0f} req/wall-s  "
+            f"RSS {r['run']['peak_rss_mib']:,.0f} MiB"
+        )
+    args.out.mkdir(parents=True, exist_ok=True)
+    write_json(results, args.out / "results.json")
+    path = write_markdown(results, args.out)
+    print(f"report: {path}  (JSON: {args.out / 'results.json'})")
+    if len(results) > 1:
+        ours, rest = results[0], results[1:]
+        best99 = min(rest, key=lambda r: r["ttft_ms"]["p99"])
+        bestg = max(rest, key=lambda r: r["goodput"])
+        print(
+            f"{ours['profile']}: TTFT p99 {ours['ttft_ms']['p99'] / best99['ttft_ms']['p99']:.2f}x "
+            f"{best99['profile']} (goal <= 0.5x); goodput "
+            f"{ours['goodput'] / max(bestg['goodput'], 1e-9):.2f}x {bestg['profile']} "
+            "(goal >= 1.3x)"
+        )
+    return 0

@@ -1,0 +1,83 @@
+"""The simulator's behaviour: residency holds, failures are routed around, tiers are shed in
+order, replicas see the world late."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from services.planet.scenario import build
+from services.planet.sim import Planet
+from services.planet.view import RegionLog, Report, SiteView, StaticWorker
+from services.router.scheduling.types import ModelState, ModelStatus
+
+from .conftest import ROOT
+
+
+def run(doc: dict[str, Any]) -> Planet:
+    planet = Planet(build(doc, source="s.yaml", base=ROOT), record=True)
+    planet.run()
+    return planet
+
+
+def test_pinned_tenants_are_served_only_in_their_zone_even_when_it_is_full(
+    small: dict[str, Any],
+) -> None:
+    small["traffic"]["rate_per_s"] = 60  # more than kr and jp hold
+    small["traffic"]["tenants"][1]["share"] = 0.8
+    planet = run(small)
+    m = planet.metrics
+    assert m.residency_violations == 0
+    served = {(site, region) for (site, region), n in m.served.items()}
+    pinned_regions = {"seoul": "kr", "tokyo": "jp"}
+    assert all(region in pinned_regions.values() or site for site, region in served)
+    assert sum(n for (t, r), n in m.refused.items() if r == "saturated") > 0  # shed, not moved
+
+
+def test_a_region_outage_moves_traffic_away_and_back(small: dict[str, Any]) -> None:
+    small["traffic"]["tenants"] = [{"name": "a", "share": 1, "tier": "standard"}]
+    small["duration_s"] = 30
+    small["events"] = [{"kind": "region-outage", "region": "jp", "at_s": 10, "duration_s": 10}]
+    small["report"] = {"interval_s": 5}
+    planet = run(small)
+    by_interval = {round(row["t_s"]): row["regions"] for row in planet.metrics.series}
+    assert by_interval[5].get("jp", 0) > 0
+    assert by_interval[20].get("jp", 0) == 0  # 15..20 s: jp is down
+    assert by_interval[30].get("jp", 0) > 0  # and back
+    m = planet.metrics
+    assert m.residency_violations == 0
+    assert not any(reason == "failed" for _, reason in m.refused)  # failover found a worker
+    assert sum(m.refused.values()) < 0.05 * planet.requests  # kr + us are smaller: a few shed
+
+
+def test_a_low_tier_flood_is_shed_and_the_high_tier_keeps_its_latency(
+    small: dict[str, Any],
+) -> None:
+    small["duration_s"] = 30
+    small["traffic"]["tenants"] = [
+        {"name": "vip", "share": 0.2, "tier": "high"},
+        {"name": "batch", "share": 0.8, "tier": "low"},
+    ]
+    calm = run(small).metrics
+    small["events"] = [
+        {"kind": "hotspot", "tenant": "batch", "factor": 8, "at_s": 5, "duration_s": 25}
+    ]
+    flood = run(small).metrics
+    assert sum(n for (t, _), n in flood.refused.items() if t == "low") > 100
+    assert sum(n for (t, _), n in flood.refused.items() if t == "high") == 0
+    assert flood.goodput(["high"]) >= calm.goodput(["high"]) - 0.02
+    p99_calm = calm.ttft[("tier", "high")].percentile(0.99)
+    assert flood.ttft[("tier", "high")].percentile(0.99) < 2 * p99_calm + 100
+
+
+def test_a_replica_sees_a_report_one_way_delay_after_it_was_sent() -> None:
+    models = (ModelStatus("m", ModelState.READY, 8192),)
+    idle = Report(0.0, 0, 0, 0.0, 0.0, 0.0, 0.0, models, False, ())
+    workers = [StaticWorker("w1", "far", 0, "sim://w1", 8)]
+    view = SiteView("s", workers, rtt_ms=[200.0], loss=[0.0], initial=[idle])
+    view.assign(0, 42)
+    log = RegionLog()
+    log.entries.append((1.0, 0, Report(1.0, 5, 0, 0.5, 0.0, 0.0, 0.0, models, False, (42,))))
+    assert view.sync(1.05, [log])[0].running == 0  # still on its way (one way: 100 ms)
+    assert view.sync(1.05, [log])[0].in_flight == 1
+    row = view.sync(1.10, [log])[0]
+    assert (row.running, row.in_flight) == (5, 0)  # arrived, and it names our request
