@@ -15,6 +15,7 @@ import hashlib
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -141,9 +142,38 @@ class Engine:
             self.private.stop()
 
 
-def _answers(url: str) -> bool:
+#: The Engine API version the SDK speaks. Fixed (1.41: Docker 20.10, Debian bookworm's
+#: docker.io; every newer engine still serves it) so that building a client sends no request:
+#: with "auto" the SDK asks the engine for its version inside the constructor, and when that
+#: fails it leaves the socket it opened unclosed.
+API_VERSION = "1.41"
+
+
+def _listening(url: str) -> bool:
+    """Whether something accepts connections at ``url`` (unix:// or tcp://), checked with a
+    plain socket that is always closed."""
     try:
-        client = docker.DockerClient(base_url=url, timeout=5)
+        if url.startswith("unix://"):
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+                sock.settimeout(2.0)
+                sock.connect(url.removeprefix("unix://"))
+        else:
+            host, _, port = url.split("://", 1)[-1].rpartition(":")
+            socket.create_connection((host, int(port)), timeout=2.0).close()
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+def client_for(url: str, *, timeout_s: int) -> docker.DockerClient:
+    return docker.DockerClient(base_url=url, version=API_VERSION, timeout=timeout_s)
+
+
+def _answers(url: str) -> bool:
+    if not _listening(url):
+        return False
+    try:
+        client = client_for(url, timeout_s=5)
     except docker.errors.DockerException:
         return False
     try:
@@ -160,10 +190,10 @@ def find_engine(*, state_dir: Path, allow_private: bool = True) -> Engine:
     if url:
         if not _answers(url):
             raise EngineUnavailable(f"DOCKER_HOST={url} does not answer")
-        return Engine(url, docker.DockerClient(base_url=url, timeout=600))
+        return Engine(url, client_for(url, timeout_s=600))
     default = f"unix://{DEFAULT_SOCKET}"
     if DEFAULT_SOCKET.exists() and _answers(default):
-        return Engine(default, docker.DockerClient(base_url=default, timeout=600))
+        return Engine(default, client_for(default, timeout_s=600))
     if not allow_private:
         raise EngineUnavailable("no Docker engine (DOCKER_HOST unset, no /var/run/docker.sock)")
     if shutil.which("dockerd") is None:
@@ -178,4 +208,4 @@ def find_engine(*, state_dir: Path, allow_private: bool = True) -> Engine:
         )
     private = PrivateEngine(state_dir)
     private.start()
-    return Engine(private.url, docker.DockerClient(base_url=private.url, timeout=600), private)
+    return Engine(private.url, client_for(private.url, timeout_s=600), private)
