@@ -275,6 +275,18 @@ async def open_pubsub(client: RedisClient) -> PubSub:
     return client.pubsub(ignore_subscribe_messages=True)
 
 
+async def close_client(client: RedisClient) -> None:
+    """Close ``client`` and everything it opened. A Sentinel-backed client also holds one
+    client per sentinel (for discovery and ``+switch-master``) that its own ``aclose`` leaves
+    open; they are closed here too."""
+    pool = getattr(client, "connection_pool", None)
+    await client.aclose()
+    if isinstance(pool, SentinelConnectionPool):
+        sentinels: list[aioredis.Redis] = pool.sentinel_manager.sentinels
+        for one in sentinels:
+            await one.aclose()
+
+
 def primary_of(client: RedisClient) -> Callable[[], object]:
     """A cheap, I/O-free answer to "which server takes our writes now?", to notice a
     failover: the primary's address the Sentinel pool last learned; ``None`` (never changes)

@@ -31,7 +31,13 @@ from services.edge.protocol import Listener
 from services.edge.ratelimit.limiter import FailureMode, RateLimitConfig, RateLimiter
 from services.edge.ratelimit.redis_backend import RedisBackend
 from services.edge.ratelimit.window import LocalBackend
-from services.edge.redisconn import RedisClient, connect, follow_failovers, parse_redis_url
+from services.edge.redisconn import (
+    RedisClient,
+    close_client,
+    connect,
+    follow_failovers,
+    parse_redis_url,
+)
 from services.edge.stages.validate import RequestLimits
 from services.edge.tenancy.apikeys import KeyHasher
 from services.edge.tenancy.auth import AuthConfig, Authenticator
@@ -308,7 +314,7 @@ class EdgeServer:
             self._admin_runner = None
         await self.deps.workers.close()
         await self.router.close()
-        await self._redis.aclose()
+        await close_client(self._redis)
 
 
 def _url_host(host: str) -> str:

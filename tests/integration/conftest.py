@@ -51,9 +51,17 @@ class Stack:
         return f"{self.edge.url}/v1"
 
 
-async def start_stack(redis_url: str, *, clock: Clock = SYSTEM_CLOCK, **sim: object) -> Stack:
+async def start_stack(
+    redis_url: str,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+    stale_after_s: float = 0.5,
+    **sim: object,
+) -> Stack:
     """The stack; ``clock`` is the edge's (a ``ManualClock`` makes its TTLs, breaker and
-    limit windows move only when the test says so)."""
+    limit windows move only when the test says so). ``stale_after_s`` is the router's
+    load-report staleness limit: tests about something else (Redis failover) raise it, since
+    one event loop runs every service and a loaded machine can hold it up for a second."""
     workers: dict[str, RunningWorker] = {}
     proxies: dict[str, DelayProxy] = {}
     async with contextlib.AsyncExitStack() as started:  # a failed start stops what it started
@@ -74,7 +82,9 @@ async def start_stack(redis_url: str, *, clock: Clock = SYSTEM_CLOCK, **sim: obj
             started.push_async_callback(proxy.close)
             workers[name] = w
             proxies[name] = proxy
-        router = await start_router([f"{p.host}:{p.port}" for p in proxies.values()])
+        router = await start_router(
+            [f"{p.host}:{p.port}" for p in proxies.values()], stale_after_s=stale_after_s
+        )
         started.push_async_callback(router.stop)
         await router.wait_healthy(len(workers))
         edge = await start_edge(redis_url=redis_url, router_address=router.address, clock=clock)

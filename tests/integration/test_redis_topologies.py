@@ -33,7 +33,7 @@ import redis.asyncio as aioredis
 
 from services.edge.ratelimit.redis_backend import scope_keys
 from services.edge.ratelimit.types import Scope
-from services.edge.redisconn import RedisClient
+from services.edge.redisconn import RedisClient, close_client
 from services.edge.tenancy.tenants import Limits, TenantPatch, Tier
 from tests.integration.conftest import MODEL, Stack, start_stack, stop_stack
 from tests.support.inproc import RunningEdge, start_edge
@@ -41,6 +41,10 @@ from tests.support.redis_topologies import ClusterTopology, SentinelTopology
 from tests.support.wait import eventually
 
 pytestmark = pytest.mark.slow
+
+#: What these tests prove is about Redis; the router must not eject a worker because the one
+#: event loop that runs every service was held up during a failover on a loaded machine.
+ROUTER_STALE_AFTER_S = 5.0
 
 PROMPT = [{"role": "user", "content": "Tell me about the weather in Seoul today."}]
 
@@ -104,7 +108,7 @@ class ClusterPair:
 @pytest.fixture
 async def on_cluster(cluster: ClusterTopology) -> AsyncIterator[ClusterPair]:
     cluster.flush()
-    stack = await start_stack(cluster.url)
+    stack = await start_stack(cluster.url, stale_after_s=ROUTER_STALE_AFTER_S)
     other = await start_edge(redis_url=cluster.url, router_address=stack.router.address)
     yield ClusterPair(stack, other, cluster)
     await other.stop()
@@ -263,7 +267,7 @@ async def test_sentinel_failover_during_load_fails_nothing_and_settles_every_res
     """``primary-killed``: SIGKILL, the sentinels notice and promote a replica.
     ``failover-ordered``: SENTINEL FAILOVER; the old primary lives on as a replica, so the
     edge's connections to it answer READONLY until they move to the new one."""
-    stack = await start_stack(sentinel.url)
+    stack = await start_stack(sentinel.url, stale_after_s=ROUTER_STALE_AFTER_S)
     try:
         edge = stack.edge
         key = await edge.new_key("load", limits=Limits(rpm=1_000_000, tpm=100_000_000))
@@ -345,4 +349,4 @@ async def test_a_sentinel_url_reaches_the_primary(sentinel: SentinelTopology) ->
         finally:
             await primary.aclose()
     finally:
-        await client.aclose()
+        await close_client(client)
