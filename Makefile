@@ -23,7 +23,7 @@ export PYTHONUNBUFFERED := 1
 .PHONY: run test check lint typecheck check-imports proto deps vllm tiny-model bench clean help web-assets
 
 help:
-	@echo "make run [ENGINE=sim|vllm] [EDGE_PORT=8080]   start the local multi-region stack"
+	@echo "make run [ENGINE=sim|vllm] [EDGE_PORT=8080] [EDGE_WORKERS=1|N|auto]   start the local multi-region stack"
 	@echo "make test                                     every test + ruff + mypy + import check"
 	@echo "make check                                    the same without vLLM: the fast inner loop"
 	@echo "make bench [BENCH='overhead --concurrency 8']  benchmarks (print figures; bench/README.md)"

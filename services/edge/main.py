@@ -28,6 +28,7 @@ from services.edge.ratelimit.limiter import FailureMode, RateLimitConfig
 from services.edge.redisconn import parse_redis_url
 from services.edge.server import EdgeConfig, EdgeServer, connect_redis
 from services.edge.stages.validate import RequestLimits
+from services.edge.supervisor import SupervisorConfig, parse_workers, strip_workers, supervise
 from services.edge.tenancy.apikeys import KeyHasher, load_pepper
 from services.edge.tenancy.auth import AuthConfig
 from services.edge.tls import TlsConfig, server_context
@@ -62,6 +63,13 @@ def _number(kind: type[int] | type[float], low: float) -> Callable[[str], float]
     return parse
 
 
+def _workers(value: str) -> int:
+    try:
+        return parse_workers(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 _positive = _number(float, 1e-9)
 _count = _number(int, 1)
 
@@ -79,6 +87,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--router", type=cli.address, required=True, metavar="HOST:PORT")
     p.add_argument("--site", default="local")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    p.add_argument(
+        "--workers",
+        type=_workers,
+        default=1,
+        metavar="N|auto",
+        help="edge processes on this port (SO_REUSEPORT); auto: one per usable core",
+    )
+    # Set by the supervisor for each of its children, never by hand.
+    p.add_argument("--process-index", type=_number(int, 0), default=None, help=argparse.SUPPRESS)
+    p.add_argument("--process-count", type=_count, default=1, help=argparse.SUPPRESS)
     t = p.add_argument_group("TLS")
     t.add_argument("--tls-cert", type=Path)
     t.add_argument("--tls-key", type=Path)
@@ -202,7 +220,8 @@ def config_from_args(args: argparse.Namespace) -> EdgeConfig:
         auth=AuthConfig(cache_ttl_s=args.auth_cache_ttl_s, stale_ttl_s=args.auth_stale_ttl_s),
         ratelimit=RateLimitConfig(
             failure_mode=FailureMode(args.redis_failure_mode),
-            local_share=args.local_limit_share,
+            # Each of N processes grants its share of the share while Redis is down.
+            local_share=args.local_limit_share / args.process_count,
             default_completion_tokens=args.default_completion_tokens,
         ),
         view=ViewConfig(refresh_every_s=args.view_refresh_s, max_age_s=args.view_max_age_s),
@@ -211,13 +230,17 @@ def config_from_args(args: argparse.Namespace) -> EdgeConfig:
         ),
         drain_grace_s=args.drain_grace_s,
         web=_web_config(args),
+        reuse_port=args.process_count > 1,
     )
 
 
 async def serve(
     config: EdgeConfig, hasher: KeyHasher, args: argparse.Namespace, stop: asyncio.Event
 ) -> None:
-    tel = telemetry.setup("edge", resource_attributes={"meridian.site": config.site})
+    attributes = {"meridian.site": config.site}
+    if args.process_index is not None:
+        attributes["meridian.process"] = str(args.process_index)
+    tel = telemetry.setup("edge", resource_attributes=attributes)
     edge = EdgeServer(
         config=config,
         redis=connect_redis(args.redis_url),
@@ -266,6 +289,19 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError as err:
         parser.error(str(err))
     logs.configure("edge", args.log_level)
+    if args.workers > 1 and args.process_index is None:
+        return supervise(
+            SupervisorConfig(
+                argv=strip_workers(sys.argv[1:] if argv is None else argv),
+                workers=args.workers,
+                host=config.host,
+                port=config.port,
+                admin_port=args.admin_port,
+                metrics_port=args.metrics_port,
+                ready_file=args.ready_file,
+                drain_grace_s=config.drain_grace_s,
+            )
+        )
     runtime.run(lambda stop: serve(config, hasher, args, stop))
     return 0
 

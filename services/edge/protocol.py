@@ -202,8 +202,10 @@ class Listener:
         connections: Occupancy,
         counters: EdgeCounters,
         backlog: int = 1024,
+        reuse_port: bool = False,
     ) -> None:
         self._server = server
+        self._reuse_port = reuse_port
         self._host = host
         self._port = port
         self._ssl = ssl_context
@@ -241,6 +243,7 @@ class Listener:
                 ssl_handshake_timeout=cfg.tls_handshake_timeout_s if self._ssl else None,
                 backlog=self._backlog,
                 reuse_address=True,
+                reuse_port=self._reuse_port or None,
             )
         except OSError as err:
             raise listen_failed("the public API", self._host, self._port, err) from None

@@ -73,6 +73,9 @@ class EdgeConfig:
     failover: FailoverPolicy = field(default_factory=FailoverPolicy)
     keepalive_after_s: float = 3.0
     drain_grace_s: float = 10.0
+    #: Listen with SO_REUSEPORT: one of several edge processes on one port
+    #: (``--workers``, services/edge/supervisor.py).
+    reuse_port: bool = False
     redis_breaker_open_s: float = 1.0
     #: The chat page and the console (services/edge/web/).
     web: WebConfig = field(default_factory=WebConfig)
@@ -262,6 +265,7 @@ class EdgeServer:
             config=cfg.guard,
             connections=self.deps.connections,
             counters=self.counters,
+            reuse_port=cfg.reuse_port,
         )
         self.port = await self._listener.start()
         if cfg.admin_port is not None and cfg.admin_token is not None:

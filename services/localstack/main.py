@@ -3,9 +3,9 @@
 Starts Redis (unless ``REDIS_URL`` is set), simulated workers in three regions behind a delay
 proxy (``--engine vllm``: the real vLLM workers of the config's ``vllm:`` section, serving a
 tiny model built into the state folder), one router and the edge on 127.0.0.1:8080
-(``EDGE_PORT`` overrides), prints the URL and a demo API key (also written to
-``.meridian/demo-key``), and stops everything cleanly on Ctrl-C or SIGTERM.
-Process logs go to ``.meridian/run/logs/``.
+(``EDGE_PORT`` overrides; ``EDGE_WORKERS`` edge processes on it, default 1), prints the URL
+and a demo API key (also written to ``.meridian/demo-key``), and stops everything cleanly on
+Ctrl-C or SIGTERM. Process logs go to ``.meridian/run/logs/``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from pathlib import Path
 
 from services.common import runtime
 from services.common.net import redact_url
+from services.edge.supervisor import parse_workers
 from services.localstack.config import StackConfigError, load_stack_config
 from services.localstack.procs import ProcessFailed
 from services.localstack.stack import REPO_ROOT, LocalStack
@@ -51,6 +52,17 @@ def _edge_port() -> int:
     if not raw.isdigit() or not 0 <= int(raw) <= 65535:
         raise SystemExit(f"EDGE_PORT must be a port number 0..65535, got {raw!r}")
     return int(raw)
+
+
+def _edge_workers() -> int:
+    """``EDGE_WORKERS``: edge processes on the one port (``--workers``): a count or ``auto``
+    (one per usable core). 1 by default: on a 2-core machine the router, the workers, Redis
+    and the delay proxies share the cores with the edge."""
+    raw = os.environ.get("EDGE_WORKERS", "1")
+    try:
+        return parse_workers(raw)
+    except ValueError as err:
+        raise SystemExit(f"EDGE_WORKERS {err}") from None
 
 
 def _banner(stack: LocalStack, key_file: Path) -> str:
@@ -100,7 +112,16 @@ def _describe(stack: LocalStack) -> dict[str, object]:
             name: {"region": w.region, "direct": w.direct, "proxied": w.proxied}
             for name, w in ep.workers.items()
         },
-        "pids": {p.name: p.pid for p in stack.processes()},
+        "pids": {
+            **{p.name: p.pid for p in stack.processes()},
+            # an edge of several processes (EDGE_WORKERS): edge is its supervisor
+            **{
+                f"edge.{i}": child["pid"]
+                for i, child in enumerate(
+                    stack.edge.ready_info.get("processes", []) if stack.edge else []
+                )
+            },
+        },
     }
 
 
@@ -125,6 +146,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         run_dir=state / "run",
         engine=args.engine,
         edge_port=_edge_port(),
+        edge_workers=_edge_workers(),
         redis_url=os.environ.get("REDIS_URL") or None,
         vllm_model_path=model_path,
         log_level=args.log_level,

@@ -78,6 +78,7 @@ class LocalStack:
         python: str = sys.executable,
         tls: bool = False,
         edge_args: Sequence[str] = (),
+        edge_workers: int = 1,
         service_env: Mapping[str, Mapping[str, str]] | None = None,
     ) -> None:
         self.config = config
@@ -91,6 +92,7 @@ class LocalStack:
         self._python = python
         self.tls = tls
         self._edge_args = tuple(edge_args)  # extra edge flags (benchmarks lift per-IP limits)
+        self.edge_workers = edge_workers  # edge processes on the one port (--workers)
         # Extra environment by kind of service ("edge", "router", "worker", "netem"), on top of
         # this process's: benchmarks set telemetry per service.
         unknown = set(service_env or {}) - set(_SERVICE_KINDS.values())
@@ -139,6 +141,12 @@ class LocalStack:
             port = proc.ready_info.get("metrics_port")
             if port:
                 self.endpoints.metrics[proc.name] = f"http://127.0.0.1:{port}/metrics"
+            # An edge of several processes: each has its own metrics (edge, edge-1, ...).
+            for i, child in enumerate(proc.ready_info.get("processes", [])[1:], start=1):
+                if child.get("metrics_port"):
+                    self.endpoints.metrics[f"{proc.name}-{i}"] = (
+                        f"http://127.0.0.1:{child['metrics_port']}/metrics"
+                    )
         return self.endpoints
 
     async def _start_redis(self) -> None:
@@ -287,6 +295,8 @@ class LocalStack:
             *(arg for place in self.config.map_places() for arg in ("--map-place", place)),
             *self._edge_args,
         ]
+        if self.edge_workers > 1:
+            args += ["--workers", str(self.edge_workers)]
         if self.tls:
             cert, key = self.run_dir / "tls" / "edge.crt", self.run_dir / "tls" / "edge.key"
             write_self_signed(cert, key)

@@ -1,8 +1,9 @@
 """`make run`, as a user runs it: real processes, the official OpenAI SDK, then SIGTERM.
 
 The stack is started once for this module (``EDGE_PORT=0`` and a private state folder, so it
-never collides with a stack the developer is running); the last test stops it and checks that
-no process and no listening port is left behind.
+never collides with a stack the developer is running), with two edge processes on the one
+port (``EDGE_WORKERS=2``); the last test stops it and checks that no process (the edge's
+children included) and no listening port is left behind.
 """
 
 from __future__ import annotations
@@ -25,7 +26,11 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackProcess]:
     try:
-        running = start_stack_process(["make", "-s", "run"], tmp_path_factory.mktemp("state"))
+        running = start_stack_process(
+            ["make", "-s", "run"],
+            tmp_path_factory.mktemp("state"),
+            extra_env={"EDGE_WORKERS": "2"},
+        )
     except RuntimeError as err:
         pytest.fail(str(err))
     yield running
@@ -105,6 +110,13 @@ def test_killing_a_worker_process_does_not_fail_new_requests(stack: StackProcess
                 max_tokens=2,
             )
             assert done.choices[0].message.content is not None
+
+
+def test_the_edge_runs_as_two_processes_each_with_its_metrics(stack: StackProcess) -> None:
+    edge_pids = [p for name, p in stack.info["pids"].items() if name.startswith("edge.")]
+    assert len(edge_pids) == 2
+    assert all(alive(p) for p in edge_pids)
+    assert {"edge", "edge-1"} <= set(stack.info["metrics"])
 
 
 def test_sigterm_leaves_no_process_and_no_port(stack: StackProcess) -> None:

@@ -50,11 +50,15 @@ class StackProcess:
 
 
 def start_stack_process(
-    argv: Sequence[str], state: Path, *, timeout_s: float = 90.0
+    argv: Sequence[str],
+    state: Path,
+    *,
+    timeout_s: float = 90.0,
+    extra_env: dict[str, str] | None = None,
 ) -> StackProcess:
     """Start ``argv`` in the repository with a private state folder; wait for stack.json."""
     log = state / "stack.log"
-    env = {**os.environ, "EDGE_PORT": "0", "MERIDIAN_STATE_DIR": str(state)}
+    env = {**os.environ, "EDGE_PORT": "0", "MERIDIAN_STATE_DIR": str(state), **(extra_env or {})}
     env.pop("REDIS_URL", None)
     with log.open("wb") as out:
         proc = subprocess.Popen(list(argv), cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
