@@ -57,7 +57,8 @@ def test_an_embeddings_request_no_worker_supports_is_unsupported_naming_input() 
     assert decision.empty_reason is NoCandidate.UNSUPPORTED
     err = error_for(decision, q(needs=Needs(endpoint="embeddings")))
     assert isinstance(err, InvalidRequest)
-    assert err.param == "input" and err.code == UNSUPPORTED_CODE
+    assert err.param == "input"
+    assert err.code == UNSUPPORTED_CODE
     assert "does not serve embeddings" in err.message
 
 
@@ -84,7 +85,6 @@ def test_dimensions_are_served_only_where_the_model_truncates() -> None:
 
 def test_each_missing_feature_names_its_request_field() -> None:
     cases = {
-        Needs(endpoint="completions"): "prompt",
         Needs(tools=True): "tools",
         Needs(structured_outputs=True): "response_format",
         Needs(endpoint="completions", echo=True): "echo",
@@ -95,9 +95,13 @@ def test_each_missing_feature_names_its_request_field() -> None:
     completions_only = Capabilities(chat=True, completions=True)
     for needs, param in cases.items():
         miss = unmet(completions_only, needs)
-        assert miss is not None and miss.param == param, (needs, miss)
+        assert miss is not None, needs
+        assert miss.param == param, (needs, miss)
     assert unmet(COMPLETIONS, Needs(endpoint="completions", echo=True, logprobs=5)) is None
     assert unmet(COMPLETIONS, Needs(endpoint="completions", logprobs=6)) is not None
+    miss = unmet(legacy(4096), Needs(endpoint="completions"))
+    assert miss is not None
+    assert miss.param == "prompt"
 
 
 def test_a_worker_that_reports_no_capabilities_is_read_as_chat_only() -> None:
