@@ -53,6 +53,10 @@ ROUTER_WORKERS: Final = "meridian.router.workers"  # healthy workers, by REGION
 
 # --- worker ---------------------------------------------------------------------------------
 WORKER_REQUESTS: Final = "meridian.worker.requests"  # by FINISH
+WORKER_TOOL_CALLS: Final = "meridian.worker.tool_calls"  # tool calls the engine returned
+EDGE_TOOL_CALLS: Final = "meridian.edge.tool_calls"  # tool calls sent to clients
+EDGE_FEATURE_REQUESTS: Final = "meridian.edge.feature_requests"  # by FEATURE
+FEATURE: Final = "meridian.feature"  # tools | json_object | json_schema | n
 WORKER_QUEUE_TIME: Final = "meridian.worker.queue_time"  # s
 WORKER_RUNNING: Final = "meridian.worker.running"
 WORKER_WAITING: Final = "meridian.worker.waiting"

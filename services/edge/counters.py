@@ -70,6 +70,11 @@ class EdgeCounters:
     completions: int = 0
     client_disconnects: int = 0
     stream_errors: int = 0
+    # Chat-completions breadth: requests that asked for each feature, and calls returned.
+    tool_requests: int = 0
+    structured_output_requests: int = 0
+    multi_choice_requests: int = 0
+    tool_calls_returned: int = 0
 
     def snapshot(self) -> dict[str, int]:
         return asdict(self)

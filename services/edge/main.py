@@ -116,6 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("abuse limits")
     g.add_argument("--max-body-bytes", type=_count, default=4 * 1024 * 1024)
     g.add_argument("--max-messages", type=_count, default=512)
+    g.add_argument(
+        "--max-choices", type=_count, default=16, help="the largest n a request may ask for"
+    )
     g.add_argument("--max-prompt-chars", type=_count, default=1_000_000)
     g.add_argument("--max-connections", type=_count, default=10_000)
     g.add_argument("--max-connections-per-ip", type=_count, default=256)
@@ -215,6 +218,7 @@ def config_from_args(args: argparse.Namespace) -> EdgeConfig:
         request_limits=RequestLimits(
             max_body_bytes=args.max_body_bytes,
             max_messages=args.max_messages,
+            max_choices=args.max_choices,
             max_prompt_chars=args.max_prompt_chars,
         ),
         auth=AuthConfig(cache_ttl_s=args.auth_cache_ttl_s, stale_ttl_s=args.auth_stale_ttl_s),

@@ -4,8 +4,15 @@ Validation is pydantic's; :func:`parse_chat_request` turns its errors into one
 :class:`InvalidRequest` whose ``param`` is the offending field's path (``messages[0].role``),
 which is what the OpenAI SDK shows users.
 
-Accepted but not supported features that would change the result (``n`` > 1, tools, audio,
-response_format other than text) are refused with a clear message rather than ignored.
+Tools (``tools``, ``tool_choice``, ``parallel_tool_calls``, assistant ``tool_calls`` and
+``tool`` messages), structured outputs (``response_format`` ``json_object`` and
+``json_schema``), ``n`` and vLLM's sampling extensions (``top_k``, ``min_p``,
+``repetition_penalty``, ``min_tokens``, ``stop_token_ids``, ``logit_bias``) are parsed into
+typed fields and checked here: every JSON schema against its metaschema (``jsonschema``), a
+named ``tool_choice`` against ``tools``, every ``tool`` message against an earlier call. What
+the edge cannot know (whether an engine's grammar backend compiles a schema) the worker
+answers with INVALID_ARGUMENT naming the same field. Unknown fields are ignored, as OpenAI
+does.
 """
 
 from __future__ import annotations
@@ -14,6 +21,7 @@ import json
 import time
 from typing import Annotated, Any, Literal
 
+import jsonschema
 from pydantic import (
     AfterValidator,
     BaseModel,
@@ -50,6 +58,30 @@ class ContentPart(BaseModel):
     text: Annotated[Text, Field(max_length=limits.MAX_CONTENT_CHARS)]
 
 
+FunctionName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
+MAX_TOOLS = 128
+MAX_TOOL_CALLS = 128
+MAX_CALL_ID_CHARS = 256
+MAX_LOGIT_BIAS = 1024
+MAX_STOP_TOKEN_IDS = 64
+HARD_MAX_N = 128  # what the parser accepts; the deployment's cap (RequestLimits.max_n) is lower
+
+
+class ToolCallFunctionIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: FunctionName
+    arguments: Annotated[Text, Field(max_length=limits.MAX_CONTENT_CHARS)] = ""
+
+
+class ToolCallIn(BaseModel):
+    """A call in an assistant message of the history."""
+
+    model_config = ConfigDict(extra="ignore")
+    id: Annotated[Text, Field(min_length=1, max_length=MAX_CALL_ID_CHARS)]
+    type: Literal["function"] = "function"
+    function: ToolCallFunctionIn
+
+
 class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Role
@@ -59,6 +91,8 @@ class ChatMessageIn(BaseModel):
         | None
     ) = None
     name: Annotated[Text, Field(max_length=64)] | None = None
+    tool_calls: Annotated[list[ToolCallIn], Field(max_length=MAX_TOOL_CALLS)] | None = None
+    tool_call_id: Annotated[Text, Field(min_length=1, max_length=MAX_CALL_ID_CHARS)] | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -66,6 +100,60 @@ class ChatMessageIn(BaseModel):
         if isinstance(self.content, str):
             return self.content
         return "".join(part.text for part in self.content)
+
+
+class FunctionIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: FunctionName
+    description: Annotated[Text, Field(max_length=8192)] | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class ToolIn(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: FunctionIn
+
+
+class NamedFunction(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    name: FunctionName
+
+
+class NamedToolChoice(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["function"]
+    function: NamedFunction
+
+
+class JsonSchemaSpec(BaseModel):
+    model_config = ConfigDict(extra="ignore", populate_by_name=True)
+    name: FunctionName
+    description: Annotated[Text, Field(max_length=8192)] | None = None
+    schema_: dict[str, Any] | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class TextFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["text"]
+
+
+class JsonObjectFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["json_object"]
+
+
+class JsonSchemaFormat(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+    type: Literal["json_schema"]
+    json_schema: JsonSchemaSpec
+
+
+ResponseFormatIn = Annotated[
+    TextFormat | JsonObjectFormat | JsonSchemaFormat, Field(discriminator="type")
+]
 
 
 class StreamOptions(BaseModel):
@@ -94,7 +182,7 @@ class ChatCompletionRequest(BaseModel):
         | None
     ) = None
     top_p: Probability | None = None
-    n: Annotated[StrictInt, Field(ge=1, le=1)] | None = None
+    n: Annotated[StrictInt, Field(ge=1, le=HARD_MAX_N)] | None = None
     stop: (
         Annotated[Text, Field(min_length=1, max_length=limits.MAX_STOP_LENGTH)]
         | Annotated[
@@ -109,13 +197,35 @@ class ChatCompletionRequest(BaseModel):
     logprobs: StrictBool | None = None
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=limits.MAX_TOP_LOGPROBS)] | None = None
     user: Annotated[Text, Field(max_length=256)] | None = None
-    tools: list[Any] | None = None
-    tool_choice: Any = None
-    response_format: dict[str, Any] | None = None
+    tools: Annotated[list[ToolIn], Field(max_length=MAX_TOOLS)] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool | None = None
+    response_format: ResponseFormatIn | None = None
+    # vLLM's sampling extensions (its OpenAI server accepts them too).
+    top_k: Annotated[StrictInt, Field(ge=-1, le=1_000_000)] | None = None
+    min_p: Annotated[float, Field(ge=0.0, le=1.0)] | None = None
+    repetition_penalty: Annotated[float, Field(gt=0.0, le=2.0)] | None = None
+    min_tokens: Annotated[StrictInt, Field(ge=0, le=limits.MAX_TOKENS_CEILING)] | None = None
+    stop_token_ids: (
+        Annotated[
+            list[Annotated[StrictInt, Field(ge=0, le=2**32 - 1)]],
+            Field(max_length=MAX_STOP_TOKEN_IDS),
+        ]
+        | None
+    ) = None
+    logit_bias: Annotated[dict[str, float], Field(max_length=MAX_LOGIT_BIAS)] | None = None
     # Meridian extension: keep generating past end-of-sequence (benchmarks).
     ignore_eos: StrictBool = False
 
-    @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", mode="before")
+    @field_validator(
+        "temperature",
+        "top_p",
+        "presence_penalty",
+        "frequency_penalty",
+        "min_p",
+        "repetition_penalty",
+        mode="before",
+    )
     @classmethod
     def _strict_number(cls, v: Any) -> Any:
         # Accept ints and floats, not strings or booleans ("0.5" is a client bug).
@@ -138,8 +248,37 @@ class ChatCompletionRequest(BaseModel):
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
 
+    def choices(self) -> int:
+        return self.n or 1
+
+    def response_format_type(self) -> str:
+        return self.response_format.type if self.response_format is not None else "text"
+
+    def tool_choice_mode(self) -> str:
+        """``none`` | ``auto`` | ``required`` | ``function`` (a named function)."""
+        choice = self.tool_choice
+        if isinstance(choice, NamedToolChoice):
+            return "function"
+        return choice or ("auto" if self.tools else "none")
+
+    def uses_tools(self) -> bool:
+        """Tools are offered and may be called (not ``tool_choice: none``)."""
+        return bool(self.tools) and self.tool_choice_mode() != "none"
+
+    @property
+    def stream_state_portable(self) -> bool:
+        """Whether this request's stream could be continued on another worker from its text so
+        far (mid-stream migration): not with tools (a tool parser's state), a structured
+        output (a grammar's state) or several choices."""
+        return not self.tools and self.response_format_type() == "text" and self.choices() == 1
+
+    def logit_bias_pairs(self) -> list[tuple[int, float]]:
+        """``logit_bias`` with its keys as token ids (checked by :func:`check_features`)."""
+        return [(int(k), v) for k, v in (self.logit_bias or {}).items()]
+
 
 _BRANCH_LABELS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+_FORMAT_TAGS = frozenset({"text", "json_object", "json_schema"})
 
 
 def _param_path(loc: tuple[int | str, ...]) -> str:
@@ -149,13 +288,17 @@ def _param_path(loc: tuple[int | str, ...]) -> str:
     the user's field path, and never look like a JSON field name we define.
     """
     out = ""
+    previous: int | str | None = None
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in _BRANCH_LABELS or any(c in part for c in "[(-"):
-            continue
+        elif part in _BRANCH_LABELS or any(c in part for c in "[(-") or part[:1].isupper():
+            continue  # a union branch (model names are CamelCase; fields are snake_case)
+        elif previous == "response_format" and part in _FORMAT_TAGS:
+            pass  # the discriminated union's tag, not a field
         else:
             out += f".{part}" if out else part
+        previous = part
     return out
 
 
@@ -185,12 +328,7 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
         if first["type"] == "missing":
             raise InvalidRequest(f"Missing required parameter: '{param}'.", param=param) from None
         raise InvalidRequest(f"Invalid value for '{param}': {msg}.", param=param) from None
-    if req.tools:
-        raise InvalidRequest("tools are not supported by this deployment", param="tools")
-    if req.response_format and req.response_format.get("type", "text") != "text":
-        raise InvalidRequest(
-            "only response_format type 'text' is supported", param="response_format"
-        )
+    check_features(req)
     if req.top_logprobs and not req.logprobs:
         raise InvalidRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
     if req.stream_options is not None and not req.stream:
@@ -198,6 +336,96 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
             "stream_options is only allowed when stream is true", param="stream_options"
         )
     return req
+
+
+def _check_schema(schema: dict[str, Any], param: str) -> None:
+    """A JSON schema must be valid against its metaschema (draft 2020-12 unless it says)."""
+    try:
+        jsonschema.validators.validator_for(schema, jsonschema.Draft202012Validator).check_schema(
+            schema
+        )
+    except jsonschema.SchemaError as err:
+        where = "/".join(str(p) for p in err.path)
+        raise InvalidRequest(
+            f"Invalid schema for '{param}': {err.message}" + (f" (at {where})" if where else ""),
+            param=param,
+            code="invalid_schema",
+        ) from None
+    except RecursionError:
+        raise InvalidRequest(f"the schema in '{param}' is nested too deeply", param=param) from None
+
+
+def check_features(req: ChatCompletionRequest) -> None:
+    """Cross-field checks of tools, tool messages, response_format and logit_bias."""
+    names: set[str] = set()
+    for i, tool in enumerate(req.tools or ()):
+        if tool.function.name in names:
+            raise InvalidRequest(
+                f"tools[{i}].function.name {tool.function.name!r} is declared twice",
+                param=f"tools[{i}].function.name",
+            )
+        names.add(tool.function.name)
+        if tool.function.parameters is not None:
+            _check_schema(tool.function.parameters, f"tools[{i}].function.parameters")
+    choice = req.tool_choice
+    if choice is not None and choice != "none" and not req.tools:
+        raise InvalidRequest(
+            "tool_choice is only allowed when tools are specified", param="tool_choice"
+        )
+    if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
+        raise InvalidRequest(
+            f"tool_choice names function {choice.function.name!r}, which is not in tools",
+            param="tool_choice",
+        )
+    calls: set[str] = set()
+    for i, m in enumerate(req.messages):
+        if m.tool_calls:
+            if m.role != "assistant":
+                raise InvalidRequest(
+                    f"messages[{i}].tool_calls is only allowed on assistant messages",
+                    param=f"messages[{i}].tool_calls",
+                )
+            calls.update(c.id for c in m.tool_calls)
+        if m.role == "tool":
+            if m.tool_call_id is None:
+                raise InvalidRequest(
+                    f"Missing required parameter: 'messages[{i}].tool_call_id'.",
+                    param=f"messages[{i}].tool_call_id",
+                )
+            if m.tool_call_id not in calls:
+                raise InvalidRequest(
+                    f"Invalid parameter: messages with role 'tool' must be a response to a "
+                    f"preceding message with 'tool_calls'; no call has id {m.tool_call_id!r}.",
+                    param=f"messages[{i}].tool_call_id",
+                )
+    fmt = req.response_format
+    if isinstance(fmt, JsonSchemaFormat):
+        if fmt.json_schema.schema_ is None:
+            raise InvalidRequest(
+                "Missing required parameter: 'response_format.json_schema.schema'.",
+                param="response_format.json_schema.schema",
+            )
+        _check_schema(fmt.json_schema.schema_, "response_format.json_schema.schema")
+    for key, bias in (req.logit_bias or {}).items():
+        if not key.isdigit() or int(key) >= 2**32:
+            raise InvalidRequest(
+                f"logit_bias keys must be token ids (non-negative integers), got {key!r}",
+                param="logit_bias",
+            )
+        if isinstance(bias, bool) or not -100.0 <= bias <= 100.0:
+            raise InvalidRequest(
+                f"logit_bias values must be between -100 and 100, got {bias}",
+                param=f"logit_bias.{key}",
+            )
+    if (
+        req.min_tokens is not None
+        and (cap := req.effective_max_tokens()) is not None
+        and req.min_tokens > cap
+    ):
+        raise InvalidRequest(
+            f"min_tokens ({req.min_tokens}) must not exceed max_tokens ({cap})",
+            param="min_tokens",
+        )
 
 
 def now_s() -> int:

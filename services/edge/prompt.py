@@ -31,6 +31,12 @@ def estimate_prompt_tokens(body: ChatCompletionRequest) -> int:
     count the worker reports, so a wrong guess costs headroom, never accuracy.
     """
     chars = sum(len(m.text()) for m in body.messages)
+    if body.tools:
+        # Tools are rendered into the prompt by the chat template: their schemas cost tokens.
+        chars += sum(len(t.model_dump_json()) for t in body.tools)
+    for m in body.messages:
+        for call in m.tool_calls or ():
+            chars += len(call.function.name) + len(call.function.arguments)
     return -(-chars // CHARS_PER_TOKEN) + TOKENS_PER_MESSAGE * len(body.messages) + TOKENS_PRIMING
 
 

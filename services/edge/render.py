@@ -15,6 +15,7 @@ FINISH_REASONS = {
     worker_pb2.FINISH_REASON_LENGTH: "length",
     # An aborted generation (worker drain) ends like a truncated one for the client.
     worker_pb2.FINISH_REASON_ABORT: "length",
+    worker_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
 }
 
 
@@ -66,32 +67,124 @@ class ChunkRenderer:
         self._content_head = whole[:marker]
         self._content_tail = whole[marker + len(b'"\\u0000"') :]
 
-    def _chunk(self, delta: dict[str, Any], finish: str | None, logprobs: Any = None) -> bytes:
+    def _chunk(
+        self, delta: dict[str, Any], finish: str | None, logprobs: Any = None, index: int = 0
+    ) -> bytes:
         body: dict[str, Any] = {
             **self._head,
             "choices": [
-                {"index": 0, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
+                {"index": index, "delta": delta, "logprobs": logprobs, "finish_reason": finish}
             ],
         }
         if self._usage:
             body["usage"] = None
         return sse_data(body)
 
-    def role(self) -> bytes:
-        return self._chunk({"role": "assistant", "content": ""}, None)
+    def role(self, index: int = 0) -> bytes:
+        return self._chunk({"role": "assistant", "content": ""}, None, index=index)
 
     def content(self, chunk: worker_pb2.GenerateChunk) -> bytes | None:
+        """The chunk's delta: text (the hot path: choice 0, text only), logprobs, and tool-call
+        pieces in OpenAI's incremental shape (``tool_deltas``)."""
+        if chunk.tool_calls or chunk.index:
+            if not (chunk.text or chunk.logprobs or chunk.tool_calls):
+                return None
+            delta: dict[str, Any] = {}
+            if chunk.text:
+                delta["content"] = chunk.text
+            if chunk.tool_calls:
+                delta["tool_calls"] = tool_deltas(chunk.tool_calls)
+            lp = logprobs_dict(list(chunk.logprobs)) if chunk.logprobs else None
+            return self._chunk(delta, None, lp, index=chunk.index)
         if chunk.logprobs:
             return self._chunk({"content": chunk.text}, None, logprobs_dict(list(chunk.logprobs)))
         if not chunk.text:
             return None
         return self._content_head + json.dumps(chunk.text).encode() + self._content_tail
 
-    def finish(self, reason: str) -> bytes:
-        return self._chunk({}, reason)
+    def finish(self, reason: str, index: int = 0) -> bytes:
+        return self._chunk({}, reason, index=index)
 
     def usage(self, usage: worker_pb2.Usage) -> bytes:
         return sse_data({**self._head, "choices": [], "usage": usage_dict(usage)})
+
+
+def tool_deltas(calls: Any) -> list[dict[str, Any]]:
+    """Worker tool-call pieces → OpenAI's ``delta.tool_calls``: the first piece of a call has
+    ``index``, ``id``, ``type`` and ``function.name`` (and ``arguments``, maybe empty); later
+    pieces only ``index`` and ``function.arguments`` — what the SDKs' stream helpers join."""
+    out: list[dict[str, Any]] = []
+    for c in calls:
+        if c.id:
+            out.append(
+                {
+                    "index": c.index,
+                    "id": c.id,
+                    "type": "function",
+                    "function": {"name": c.name, "arguments": c.arguments},
+                }
+            )
+        else:
+            out.append({"index": c.index, "function": {"arguments": c.arguments}})
+    return out
+
+
+class ChoiceAssembler:
+    """Joins the chunks of every choice of a non-streamed completion into its ``choices``."""
+
+    def __init__(self, *, choices: int, logprobs: bool) -> None:
+        self._text: list[list[str]] = [[] for _ in range(choices)]
+        self._calls: list[dict[int, dict[str, str]]] = [{} for _ in range(choices)]
+        self._logprobs: list[list[worker_pb2.TokenLogprob]] | None = (
+            [[] for _ in range(choices)] if logprobs else None
+        )
+        self._finish: list[str | None] = [None] * choices
+
+    def add(self, chunk: worker_pb2.GenerateChunk) -> None:
+        i = chunk.index
+        if i >= len(self._text):
+            return  # a choice nobody asked for: ignore rather than fail the others
+        if chunk.text:
+            self._text[i].append(chunk.text)
+        for c in chunk.tool_calls:
+            call = self._calls[i].setdefault(c.index, {"id": "", "name": "", "arguments": ""})
+            if c.id:
+                call["id"], call["name"] = c.id, c.name
+            call["arguments"] += c.arguments
+        if self._logprobs is not None:
+            self._logprobs[i].extend(chunk.logprobs)
+        if chunk.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:
+            self._finish[i] = FINISH_REASONS.get(chunk.finish_reason, "stop")
+
+    def tool_calls(self) -> int:
+        return sum(len(calls) for calls in self._calls)
+
+    def choices(self) -> list[dict[str, Any]]:
+        out = []
+        for i, parts in enumerate(self._text):
+            message: dict[str, Any] = {"role": "assistant", "content": "".join(parts)}
+            calls = self._calls[i]
+            if calls:
+                message["content"] = message["content"] or None
+                message["tool_calls"] = [
+                    {
+                        "id": c["id"],
+                        "type": "function",
+                        "function": {"name": c["name"], "arguments": c["arguments"]},
+                    }
+                    for _, c in sorted(calls.items())
+                ]
+            message["refusal"] = None
+            lp = logprobs_dict(self._logprobs[i]) if self._logprobs is not None else None
+            out.append(
+                {
+                    "index": i,
+                    "message": message,
+                    "logprobs": lp,
+                    "finish_reason": self._finish[i] or "length",
+                }
+            )
+        return out
 
 
 def sse_data(payload: dict[str, Any]) -> bytes:
@@ -112,14 +205,19 @@ def completion_body(
     finish: str,
     usage: worker_pb2.Usage,
     logprobs: list[worker_pb2.TokenLogprob] | None,
+    choices: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    """One ``chat.completion``: a single choice from ``text``/``finish``/``logprobs``, or
+    ``choices`` as :class:`ChoiceAssembler` renders them."""
     return {
         "id": completion_id,
         "object": "chat.completion",
         "created": created,
         "model": model,
         "system_fingerprint": fingerprint,
-        "choices": [
+        "choices": choices
+        if choices is not None
+        else [
             {
                 "index": 0,
                 "message": {"role": "assistant", "content": text, "refusal": None},

@@ -53,6 +53,7 @@ import math
 from dataclasses import dataclass, field
 
 from meridian.v1 import worker_pb2
+from services.common.capabilities import Capabilities
 from services.router.scheduling.types import ModelState, ModelStatus, WorkerSnapshot
 
 _STATE_FROM_PB = {
@@ -193,6 +194,7 @@ class Fleet:
                     name=m.name,
                     state=_STATE_FROM_PB.get(m.state, ModelState.FAILED),
                     max_model_len=m.max_model_len,
+                    capabilities=Capabilities.from_pb(m),
                 )
                 for m in report.models
             )

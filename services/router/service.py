@@ -34,6 +34,7 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 from meridian.v1 import router_pb2, router_pb2_grpc
 from services.common import limits
 from services.common import metric_names as mn
+from services.common.capabilities import UNSUPPORTED_CODE, Capabilities, Needs
 from services.common.clock import Clock
 from services.common.errors import (
     InvalidRequest,
@@ -114,6 +115,22 @@ def query_from_pb(pb: router_pb2.RouteRequest) -> RouteQuery:
         session_id=pb.session_id,
         prefix_hashes=tuple(pb.prefix_hashes),
         exclude_worker_ids=frozenset(pb.exclude_worker_ids),
+        needs=Needs.from_pb(pb),
+    )
+
+
+def unsupported_error(decision: Decision, query: RouteQuery) -> MeridianError:
+    """A 400 naming the request field whose feature no worker of the model has (the
+    ``capability`` filter's verdict, recomputed for the message)."""
+    verdict = next(
+        (r.reason for r in decision.rejected if r.filter == "capability"),
+        f"model: model '{query.model}' is not served with what this request needs",
+    )
+    param, _, why = verdict.partition(": ")
+    return InvalidRequest(
+        f"Unsupported on this deployment: {why}, on every worker serving it ('{param}').",
+        param=param,
+        code=UNSUPPORTED_CODE,
     )
 
 
@@ -128,6 +145,8 @@ def error_for(decision: Decision, query: RouteQuery) -> MeridianError:
             f"model '{query.model}' is not served in the regions this request may use ({regions})",
             param="model",
         )
+    if reason is NoCandidate.UNSUPPORTED:
+        return unsupported_error(decision, query)
     if reason is NoCandidate.SATURATED:
         return Overloaded(
             f"no capacity for model '{query.model}' at this priority right now; {detail}",
@@ -318,19 +337,31 @@ class RouterService(router_pb2_grpc.RouterServicer):
         request: router_pb2.ListModelsRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> router_pb2.ListModelsResponse:
-        models: dict[str, tuple[set[str], int]] = {}
+        models: dict[str, tuple[set[str], int, Capabilities]] = {}
         for w in self._fleet.snapshots(self._clock.monotonic()):
             if not w.healthy:
                 continue
             for m in w.models:
                 if m.state is ModelState.READY:
-                    regions, max_len = models.setdefault(m.name, (set(), 0))
-                    regions.add(w.region)
-                    models[m.name] = (regions, max(max_len, m.max_model_len))
+                    seen = models.get(m.name)
+                    if seen is None:
+                        models[m.name] = ({w.region}, m.max_model_len, m.capabilities)
+                    else:
+                        seen[0].add(w.region)
+                        models[m.name] = (
+                            seen[0],
+                            max(seen[1], m.max_model_len),
+                            seen[2].merge(m.capabilities),
+                        )
         return router_pb2.ListModelsResponse(
             models=[
-                router_pb2.ServedModel(name=name, regions=sorted(regions), max_model_len=max_len)
-                for name, (regions, max_len) in sorted(models.items())
+                router_pb2.ServedModel(
+                    name=name,
+                    regions=sorted(regions),
+                    max_model_len=max_len,
+                    capabilities=caps.to_pb(),
+                )
+                for name, (regions, max_len, caps) in sorted(models.items())
             ]
         )
 

@@ -11,6 +11,7 @@ import math
 from meridian.v1 import worker_pb2
 from services.common import limits
 from services.common.errors import InvalidRequest
+from services.common.jsonstruct import from_struct
 from services.worker.engine import (
     ChatTurn,
     EngineLoad,
@@ -19,13 +20,38 @@ from services.worker.engine import (
     FinishReason,
     ModelDescription,
     ModelState,
+    ResponseFormat,
     SamplingOptions,
+    ToolCall,
+    ToolChoice,
+    ToolSpec,
 )
 
 _FINISH_TO_PB = {
     FinishReason.STOP: worker_pb2.FINISH_REASON_STOP,
     FinishReason.LENGTH: worker_pb2.FINISH_REASON_LENGTH,
     FinishReason.ABORT: worker_pb2.FINISH_REASON_ABORT,
+    FinishReason.TOOL_CALLS: worker_pb2.FINISH_REASON_TOOL_CALLS,
+}
+
+#: The most tools one request may declare, and choices it may ask for (the edge's cap is
+#: usually lower; this is what the worker accepts from anyone).
+MAX_TOOLS = 128
+MAX_CHOICES = 128
+MAX_LOGIT_BIAS = 1024
+MAX_STOP_TOKEN_IDS = 64
+
+_TOOL_CHOICE = {
+    worker_pb2.ToolChoice.TOOL_CHOICE_MODE_UNSPECIFIED: "auto",
+    worker_pb2.ToolChoice.TOOL_CHOICE_MODE_AUTO: "auto",
+    worker_pb2.ToolChoice.TOOL_CHOICE_MODE_NONE: "none",
+    worker_pb2.ToolChoice.TOOL_CHOICE_MODE_REQUIRED: "required",
+    worker_pb2.ToolChoice.TOOL_CHOICE_MODE_FUNCTION: "function",
+}
+_RESPONSE_FORMAT = {
+    worker_pb2.ResponseFormat.RESPONSE_FORMAT_TYPE_TEXT: "text",
+    worker_pb2.ResponseFormat.RESPONSE_FORMAT_TYPE_JSON_OBJECT: "json_object",
+    worker_pb2.ResponseFormat.RESPONSE_FORMAT_TYPE_JSON_SCHEMA: "json_schema",
 }
 
 _STATE_TO_PB = {
@@ -74,7 +100,36 @@ def sampling_from_pb(pb: worker_pb2.SamplingParams) -> SamplingOptions:
         raise InvalidRequest(
             f"top_logprobs must be at most {limits.MAX_TOP_LOGPROBS}", param="top_logprobs"
         )
+    top_k = pb.top_k if pb.HasField("top_k") else None
+    if top_k is not None and top_k < -1:
+        raise InvalidRequest(f"top_k must be -1, 0 or positive, got {top_k}", param="top_k")
+    min_p = pb.min_p if pb.HasField("min_p") else None
+    _check_range(min_p, "min_p", 0.0, 1.0)
+    repetition = pb.repetition_penalty if pb.HasField("repetition_penalty") else None
+    _check_range(repetition, "repetition_penalty", 0.0, 2.0, lo_open=True)
+    min_tokens = pb.min_tokens if pb.HasField("min_tokens") else None
+    if min_tokens is not None and max_tokens is not None and min_tokens > max_tokens:
+        raise InvalidRequest(
+            f"min_tokens ({min_tokens}) must not exceed max_tokens ({max_tokens})",
+            param="min_tokens",
+        )
+    if len(pb.stop_token_ids) > MAX_STOP_TOKEN_IDS:
+        raise InvalidRequest(
+            f"stop_token_ids accepts at most {MAX_STOP_TOKEN_IDS} ids", param="stop_token_ids"
+        )
+    if len(pb.logit_bias) > MAX_LOGIT_BIAS:
+        raise InvalidRequest(
+            f"logit_bias accepts at most {MAX_LOGIT_BIAS} tokens", param="logit_bias"
+        )
+    for token, bias in pb.logit_bias.items():
+        _check_range(bias, f"logit_bias.{token}", -100.0, 100.0)
     return SamplingOptions(
+        top_k=top_k,
+        min_p=min_p,
+        repetition_penalty=repetition,
+        min_tokens=min_tokens,
+        stop_token_ids=tuple(pb.stop_token_ids),
+        logit_bias=tuple(sorted(pb.logit_bias.items())),
         temperature=temperature,
         top_p=top_p,
         max_tokens=max_tokens,
@@ -114,13 +169,101 @@ def request_from_pb(pb: worker_pb2.GenerateRequest) -> EngineRequest:
                 f"messages[{i}].content is longer than {limits.MAX_CONTENT_CHARS} characters",
                 param=f"messages[{i}].content",
             )
-        turns.append(ChatTurn(role=m.role, content=m.content, name=m.name))
+        calls = tuple(
+            ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in m.tool_calls
+        )
+        if calls and m.role != "assistant":
+            raise InvalidRequest(
+                f"messages[{i}].tool_calls is only allowed on assistant messages",
+                param=f"messages[{i}].tool_calls",
+            )
+        turns.append(
+            ChatTurn(
+                role=m.role,
+                content=m.content,
+                name=m.name,
+                tool_calls=calls,
+                tool_call_id=m.tool_call_id,
+            )
+        )
+    tools = tools_from_pb(pb)
     return EngineRequest(
         request_id=pb.request_id,
         model=pb.model,
         messages=tuple(turns),
         sampling=sampling_from_pb(pb.sampling),
         priority=pb.priority,
+        tools=tools,
+        tool_choice=tool_choice_from_pb(pb.tool_choice, tools),
+        parallel_tool_calls=(
+            pb.parallel_tool_calls if pb.HasField("parallel_tool_calls") else True
+        ),
+        response_format=response_format_from_pb(pb.response_format),
+    )
+
+
+def choices_from_pb(pb: worker_pb2.GenerateRequest) -> int:
+    """How many choices to generate (``n``; 0 means 1)."""
+    n = pb.n or 1
+    if n > MAX_CHOICES:
+        raise InvalidRequest(f"n must be at most {MAX_CHOICES}, got {n}", param="n")
+    return n
+
+
+def tools_from_pb(pb: worker_pb2.GenerateRequest) -> tuple[ToolSpec, ...]:
+    if len(pb.tools) > MAX_TOOLS:
+        raise InvalidRequest(f"at most {MAX_TOOLS} tools are accepted", param="tools")
+    out: list[ToolSpec] = []
+    seen: set[str] = set()
+    for i, tool in enumerate(pb.tools):
+        fn = tool.function
+        if tool.type not in ("", "function"):
+            raise InvalidRequest(
+                f"tools[{i}].type must be 'function', got {tool.type!r}", param=f"tools[{i}].type"
+            )
+        if not fn.name or len(fn.name) > 64 or fn.name in seen:
+            raise InvalidRequest(
+                f"tools[{i}].function.name must be 1..64 characters and unique",
+                param=f"tools[{i}].function.name",
+            )
+        seen.add(fn.name)
+        params = from_struct(fn.parameters) if fn.HasField("parameters") else None
+        out.append(
+            ToolSpec(
+                name=fn.name, description=fn.description, parameters=params, strict=fn.strict
+            )
+        )
+    return tuple(out)
+
+
+def tool_choice_from_pb(pb: worker_pb2.ToolChoice, tools: tuple[ToolSpec, ...]) -> ToolChoice:
+    mode = _TOOL_CHOICE.get(pb.mode)
+    if mode is None:
+        raise InvalidRequest("tool_choice has an unknown mode", param="tool_choice")
+    if mode in ("required", "function") and not tools:
+        raise InvalidRequest(
+            f"tool_choice {mode!r} needs tools", param="tool_choice"
+        )
+    if mode == "function" and pb.function_name not in {t.name for t in tools}:
+        raise InvalidRequest(
+            f"tool_choice names function {pb.function_name!r}, which is not in tools",
+            param="tool_choice.function.name",
+        )
+    return ToolChoice(mode=mode, function=pb.function_name if mode == "function" else "")  # type: ignore[arg-type]
+
+
+def response_format_from_pb(pb: worker_pb2.ResponseFormat) -> ResponseFormat:
+    kind = _RESPONSE_FORMAT.get(pb.type)
+    if kind is None:
+        raise InvalidRequest("response_format has an unknown type", param="response_format.type")
+    if kind != "json_schema":
+        return ResponseFormat(type=kind)  # type: ignore[arg-type]
+    if not pb.HasField("schema"):
+        raise InvalidRequest(
+            "response_format json_schema needs a schema", param="response_format.json_schema"
+        )
+    return ResponseFormat(
+        type="json_schema", schema=from_struct(pb.schema), name=pb.name, strict=pb.strict
     )
 
 
@@ -141,6 +284,14 @@ def chunk_to_pb(out: EngineOutput) -> worker_pb2.GenerateChunk:
         entry = chunk.logprobs.add(token=lp.token, logprob=lp.logprob)
         for tok, val in lp.top:
             entry.top.add(token=tok, logprob=val)
+    for call in out.tool_calls:
+        chunk.tool_calls.add(
+            index=call.index,
+            id=call.id,
+            type="function" if call.id else "",
+            name=call.name,
+            arguments=call.arguments,
+        )
     return chunk
 
 

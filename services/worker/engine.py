@@ -23,7 +23,7 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Any, Literal, Protocol
 
 
 class EngineConfigError(ValueError):
@@ -34,6 +34,7 @@ class FinishReason(enum.StrEnum):
     STOP = "stop"
     LENGTH = "length"
     ABORT = "abort"
+    TOOL_CALLS = "tool_calls"
 
 
 class ModelState(enum.StrEnum):
@@ -44,10 +45,62 @@ class ModelState(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True)
+class ToolCall:
+    """A call the assistant made (in the history) or makes (in the output, assembled)."""
+
+    id: str
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+@dataclass(frozen=True, slots=True)
 class ChatTurn:
     role: str
     content: str
     name: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    tool_call_id: str = ""  # role "tool": the call this message answers
+
+
+@dataclass(frozen=True, slots=True)
+class ToolSpec:
+    """A function the model may call. ``parameters`` is its JSON schema (None = any object)."""
+
+    name: str
+    description: str = ""
+    parameters: dict[str, Any] | None = None
+    strict: bool = False
+
+
+ToolChoiceMode = Literal["auto", "none", "required", "function"]
+
+
+@dataclass(frozen=True, slots=True)
+class ToolChoice:
+    mode: ToolChoiceMode = "auto"
+    function: str = ""  # mode "function": the one to call
+
+
+ResponseFormatType = Literal["text", "json_object", "json_schema"]
+
+
+@dataclass(frozen=True, slots=True)
+class ResponseFormat:
+    type: ResponseFormatType = "text"
+    schema: dict[str, Any] | None = None  # json_schema only
+    name: str = ""
+    strict: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class ToolCallDelta:
+    """One streamed piece of a tool call: the first piece of a call carries ``id`` and
+    ``name``; later ones more ``arguments`` (OpenAI's ``delta.tool_calls[i]``)."""
+
+    index: int
+    id: str = ""
+    name: str = ""
+    arguments: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +117,13 @@ class SamplingOptions:
     logprobs: bool = False
     top_logprobs: int = 0
     ignore_eos: bool = False
+    # vLLM's extensions; None/empty = the engine's default.
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    min_tokens: int | None = None
+    stop_token_ids: tuple[int, ...] = ()
+    logit_bias: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,6 +133,10 @@ class EngineRequest:
     messages: tuple[ChatTurn, ...]
     sampling: SamplingOptions = SamplingOptions()
     priority: int = 0
+    tools: tuple[ToolSpec, ...] = ()
+    tool_choice: ToolChoice = ToolChoice()
+    parallel_tool_calls: bool = True
+    response_format: ResponseFormat = ResponseFormat()
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +160,7 @@ class EngineOutput:
     prefill_ms: float | None = None
     decode_ms: float | None = None
     logprobs: tuple[TokenLogprob, ...] = ()
+    tool_calls: tuple[ToolCallDelta, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

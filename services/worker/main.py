@@ -90,6 +90,35 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--enforce-eager", action="store_true")
     v.add_argument("--no-prefix-caching", action="store_true")
     v.add_argument("--scheduling-policy", choices=["fcfs", "priority"])
+    v.add_argument(
+        "--tool-call-parser", help="vLLM tool parser for the model's call format (e.g. hermes)"
+    )
+    v.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="let the model decide to call tools (tool_choice auto); needs --tool-call-parser",
+    )
+    v.add_argument(
+        "--structured-outputs-backend",
+        help="vLLM grammar backend: auto, xgrammar, guidance, outlines, lm-format-enforcer",
+    )
+    v.add_argument(
+        "--tool-strict-level",
+        choices=["auto", "function", "parameter"],
+        help="vLLM's tool-call constraint floor (default auto)",
+    )
+    v.add_argument(
+        "--structured-outputs-compact",
+        action="store_true",
+        help="structured JSON without optional whitespace (vLLM's disable_any_whitespace)",
+    )
+    v.add_argument("--quantization", help="vLLM quantization method (fp8, awq, gptq, ...)")
+    v.add_argument(
+        "--speculative-config",
+        help='speculative decoding, vLLM\'s JSON (e.g. {"method": "ngram", '
+        '"num_speculative_tokens": 3, "prompt_lookup_max": 4})',
+    )
+    v.add_argument("--max-choices", type=int, help="the largest n a request may ask for (16)")
     s = p.add_argument_group("sim engine")
     s.add_argument("--sim-config", type=Path, help="YAML file of SimConfig fields")
     s.add_argument(

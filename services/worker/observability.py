@@ -49,6 +49,9 @@ class WorkerTelemetry:
         self.requests = meter.create_counter(
             mn.WORKER_REQUESTS, unit="{request}", description="Requests by finish reason"
         )
+        self.tool_calls = meter.create_counter(
+            mn.WORKER_TOOL_CALLS, unit="{call}", description="Tool calls the engine returned"
+        )
         gauges = (
             (mn.WORKER_RUNNING, "{request}", "Requests being decoded", lambda x: x.running),
             (mn.WORKER_WAITING, "{request}", "Requests queued", lambda x: x.waiting),
@@ -85,6 +88,9 @@ class WorkerTelemetry:
             Observation(g.utilization, {**self._attrs, "meridian.gpu": g.index})
             for g in self._load().gpus
         ]
+
+    def record_tool_calls(self, *, model: str, calls: int) -> None:
+        self.tool_calls.add(calls, {**self._attrs, mn.MODEL: model})
 
     def record(
         self,

@@ -28,6 +28,7 @@ from services.common.logs import event
 from services.common.tracecontext import extract_metadata
 from services.worker import convert
 from services.worker.admissions import AdmissionLog
+from services.worker.choices import UsageTotals, choice_requests, interleave
 from services.worker.engine import Engine, EngineOutput, ModelState
 from services.worker.observability import WorkerTelemetry
 
@@ -124,6 +125,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         try:
             self._admit(request.model)
             engine_request = convert.request_from_pb(request)
+            n = convert.choices_from_pb(request)
             if engine_request.request_id in self._inflight:
                 raise InvalidRequest(
                     f"request_id {engine_request.request_id!r} is already running",
@@ -146,10 +148,20 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         queue_ms: float | None = None
         last: EngineOutput | None = None
         finish = "cancelled"
+        totals = UsageTotals(choices=n)
+        tool_calls = 0
+        if engine_request.tools or n > 1 or engine_request.response_format.type != "text":
+            span.set_attribute("meridian.n", n)
+            span.set_attribute("meridian.tools.count", len(engine_request.tools))
+            span.set_attribute("meridian.response_format", engine_request.response_format.type)
+        requests = choice_requests(engine_request, n)
         try:
-            async with contextlib.aclosing(self._engine.generate(engine_request)) as outputs:
-                async for out in outputs:
+            async with contextlib.aclosing(interleave(self._engine, requests)) as outputs:
+                async for index, out in outputs:
                     last = out
+                    if n > 1:
+                        totals.add(index, out)
+                    tool_calls += sum(1 for c in out.tool_calls if c.id)
                     if out.text or out.token_ids:
                         last_at = time.monotonic()
                         if first_at is None:
@@ -164,7 +176,13 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                             )
                     if out.finish_reason is not None:
                         finish = out.finish_reason.value
-                    yield convert.chunk_to_pb(out)
+                    chunk = convert.chunk_to_pb(out)
+                    if n > 1:
+                        chunk.index = index
+                        chunk.usage.prompt_tokens = totals.prompt
+                        chunk.usage.completion_tokens = totals.completion
+                        chunk.usage.cached_prompt_tokens = totals.cached
+                    yield chunk
         except MeridianError as err:
             finish = "error"
             span.set_status(Status(StatusCode.ERROR, err.message))
@@ -176,6 +194,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             self._capacity_freed()
             prompt_tokens = last.prompt_tokens if last else 0
             completion_tokens = last.completion_tokens if last else 0
+            if n > 1:
+                prompt_tokens, completion_tokens = totals.prompt, totals.completion
+            if tool_calls:
+                span.set_attribute("meridian.tool_calls", tool_calls)
+                self.telemetry.record_tool_calls(model=engine_request.model, calls=tool_calls)
             self.telemetry.record(
                 model=engine_request.model,
                 finish=finish,

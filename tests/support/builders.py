@@ -12,6 +12,7 @@ from typing import Any
 
 from services.edge.server import EdgeConfig
 from services.edge.upstream.failover import FailoverPolicy
+from services.router.scheduling.filters.capability import CapabilityFilter
 from services.router.scheduling.filters.healthy import HealthyFilter
 from services.router.scheduling.filters.model import ModelReadyFilter
 from services.router.scheduling.filters.residency import ResidencyFilter
@@ -42,9 +43,15 @@ def q(**kw: Any) -> RouteQuery:
 def profile(
     *scorers: WeightedScorer, filters: Sequence[Filter] = (), k: int = 3, seed: int = 1
 ) -> SchedulerProfile:
-    """Residency, model-ready and healthy (memoised, in that order), then ``filters``; a
-    max-score picker keeping ``k``; a seeded tie-breaker."""
-    base: list[Filter] = [ResidencyFilter(), ModelReadyFilter(), HealthyFilter()]
+    """Residency, model-ready, capability and healthy (memoised, in that order), then
+    ``filters``; a max-score picker keeping ``k``; a seeded tie-breaker. Like every profile
+    the loader accepts, it has the required filters."""
+    base: list[Filter] = [
+        ResidencyFilter(),
+        ModelReadyFilter(),
+        CapabilityFilter(),
+        HealthyFilter(),
+    ]
     return SchedulerProfile(
         filters=[*base, *filters],
         scorers=scorers,

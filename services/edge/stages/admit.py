@@ -2,7 +2,7 @@
 the reservation when the request ends — however it ends.
 
 Reservation = the prompt's token estimate + ``max_tokens`` (or ``max_completion_tokens``; if
-neither is set, the configured ``default_completion_tokens``). It is taken before routing, so
+neither is set, the configured ``default_completion_tokens``) for every choice (``n``). It is taken before routing, so
 a burst of concurrent requests cannot overrun a token limit: each one must fit *with* every
 reservation still in flight. When the response is over (completed, failed, or the client went
 away and the worker call was cancelled), the reservation is replaced by the tokens the worker
@@ -42,6 +42,7 @@ class Admit:
         completion = ctx.body.effective_max_tokens()
         if completion is None:
             completion = self._limiter.config.default_completion_tokens
+        completion *= ctx.body.choices()
         ask = Ask(
             ctx.request_id, ctx.prompt_tokens_estimate + completion, scopes_for(ctx.principal)
         )

@@ -21,6 +21,7 @@ import logging
 import time
 
 from aiohttp import web
+from opentelemetry import trace
 
 from meridian.v1 import worker_pb2
 from services.common.errors import MeridianError
@@ -33,6 +34,7 @@ from services.edge.render import (
     FINISH_REASONS,
     SSE_DONE,
     SSE_KEEPALIVE,
+    ChoiceAssembler,
     ChunkRenderer,
     completion_body,
     sse_data,
@@ -99,8 +101,10 @@ class Stream:
                 generate=generate,
                 policy=self._policy,
                 tracer=self._telemetry.tracer,
+                choices=ctx.body.choices(),
             )
         )
+        self._note_features(ctx.body)
         try:
             if ctx.body.stream:
                 return await self._stream(ctx, ctx.body, opening)
@@ -114,12 +118,37 @@ class Stream:
                 with contextlib.suppress(asyncio.CancelledError, MeridianError):
                     await opening
 
+    def _note_features(self, body: ChatCompletionRequest) -> None:
+        """Span attributes and counters for the features a request asks for (plain chat: none)."""
+        n = body.choices()
+        fmt = body.response_format_type()
+        if not body.tools and n == 1 and fmt == "text":
+            return
+        span = trace.get_current_span()
+        span.set_attribute("gen_ai.request.choice.count", n)
+        span.set_attribute("meridian.tools.count", len(body.tools or ()))
+        span.set_attribute("meridian.tool_choice", body.tool_choice_mode())
+        span.set_attribute("meridian.response_format", fmt)
+        if body.tools:
+            self._counters.tool_requests += 1
+        if fmt != "text":
+            self._counters.structured_output_requests += 1
+        if n > 1:
+            self._counters.multi_choice_requests += 1
+
+    def _note_tool_calls(self, calls: int) -> None:
+        if calls:
+            self._counters.tool_calls_returned += calls
+            trace.get_current_span().set_attribute("meridian.tool_calls", calls)
+
     async def _complete(
         self,
         ctx: ChatContext,
         body: ChatCompletionRequest,
         opening: asyncio.Future[UpstreamStream],
     ) -> web.StreamResponse:
+        if body.tools or body.choices() > 1:
+            return await self._complete_choices(ctx, body, opening)
         upstream = await opening
         text: list[str] = []
         logprobs: list[worker_pb2.TokenLogprob] | None = [] if body.logprobs else None
@@ -144,6 +173,39 @@ class Stream:
             finish=FINISH_REASONS.get(last.finish_reason, "stop"),
             usage=last.usage,
             logprobs=logprobs,
+        )
+        return web.json_response(payload, headers={**ctx.headers, **_route_headers(upstream)})
+
+    async def _complete_choices(
+        self,
+        ctx: ChatContext,
+        body: ChatCompletionRequest,
+        opening: asyncio.Future[UpstreamStream],
+    ) -> web.StreamResponse:
+        """A completion with several choices or tool calls (ChoiceAssembler joins them)."""
+        upstream = await opening
+        choices = ChoiceAssembler(choices=body.choices(), logprobs=bool(body.logprobs))
+        last = upstream.first
+        try:
+            async for chunk in upstream.chunks():
+                _track_usage(ctx, chunk)
+                choices.add(chunk)
+                last = chunk
+        finally:
+            upstream.cancel()
+        self._log_done(ctx, upstream, last, tool_calls=choices.tool_calls())
+        self._note_tool_calls(choices.tool_calls())
+        self._counters.completions += 1
+        payload = completion_body(
+            completion_id=ctx.request_id,
+            model=body.model,
+            created=now_s(),
+            fingerprint=_fingerprint(upstream),
+            text="",
+            finish="stop",
+            usage=last.usage,
+            logprobs=None,
+            choices=choices.choices(),
         )
         return web.json_response(payload, headers={**ctx.headers, **_route_headers(upstream)})
 
@@ -185,17 +247,21 @@ class Stream:
             usage=body.include_usage(),
         )
         last = upstream.first
+        tool_calls = 0
         try:
-            await self._write(ctx, resp, render.role())
+            for index in range(body.choices()):
+                await self._write(ctx, resp, render.role(index))
             async for chunk in upstream.chunks():
                 last = chunk
                 _track_usage(ctx, chunk)
                 data = render.content(chunk)
                 if data is not None:
                     await self._write(ctx, resp, data)
-            await self._write(
-                ctx, resp, render.finish(FINISH_REASONS.get(last.finish_reason, "stop"))
-            )
+                if chunk.tool_calls:
+                    tool_calls += sum(1 for c in chunk.tool_calls if c.id)
+                if chunk.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:
+                    reason = FINISH_REASONS.get(chunk.finish_reason, "stop")
+                    await self._write(ctx, resp, render.finish(reason, chunk.index))
             if body.include_usage():
                 await self._write(ctx, resp, render.usage(last.usage))
             await self._write(ctx, resp, SSE_DONE)
@@ -215,7 +281,8 @@ class Stream:
             pass
         finally:
             upstream.cancel()
-            self._log_done(ctx, upstream, last)
+            self._log_done(ctx, upstream, last, tool_calls=tool_calls)
+            self._note_tool_calls(tool_calls)
         return resp
 
     async def _write(self, ctx: ChatContext, resp: web.StreamResponse, data: bytes) -> None:
@@ -257,7 +324,12 @@ class Stream:
         return resp
 
     def _log_done(
-        self, ctx: ChatContext, upstream: UpstreamStream, last: worker_pb2.GenerateChunk
+        self,
+        ctx: ChatContext,
+        upstream: UpstreamStream,
+        last: worker_pb2.GenerateChunk,
+        *,
+        tool_calls: int = 0,
     ) -> None:
         self._telemetry.record_completion(
             model=ctx.body.model if ctx.body else "",
@@ -283,7 +355,20 @@ class Stream:
             prompt_tokens=last.usage.prompt_tokens,
             completion_tokens=last.usage.completion_tokens,
             finish=FINISH_REASONS.get(last.finish_reason, "incomplete"),
+            **_feature_fields(ctx.body, tool_calls),
         )
+
+
+def _feature_fields(body: ChatCompletionRequest | None, tool_calls: int) -> dict[str, object]:
+    """Log fields for the chat-completions features a request used (none for plain chat)."""
+    if body is None or (not body.tools and body.choices() == 1 and body.response_format is None):
+        return {}
+    return {
+        "n": body.choices(),
+        "tools": len(body.tools or ()),
+        "tool_calls": tool_calls,
+        "response_format": body.response_format_type(),
+    }
 
 
 def _route_headers(upstream: UpstreamStream) -> dict[str, str]:

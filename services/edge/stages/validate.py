@@ -14,7 +14,7 @@ from services.common.errors import InvalidRequest, ModelNotFound, PayloadTooLarg
 from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
 from services.edge.httperrors import RequestTimeout
-from services.edge.openai_types import parse_chat_request
+from services.edge.openai_types import HARD_MAX_N, parse_chat_request
 from services.edge.pipeline import Next
 from services.edge.prompt import estimate_prompt_tokens
 
@@ -26,10 +26,13 @@ class RequestLimits:
     max_body_bytes: int = 4 * 1024 * 1024
     max_messages: int = 512
     max_prompt_chars: int = 1_000_000
+    max_choices: int = 16  # n
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:
             raise ValueError("max_body_bytes must be >= 1024")
+        if not 1 <= self.max_choices <= HARD_MAX_N:
+            raise ValueError(f"max_choices must be in 1..{HARD_MAX_N}")
         if self.max_messages < 1 or self.max_prompt_chars < 1:
             raise ValueError("max_messages and max_prompt_chars must be >= 1")
 
@@ -60,6 +63,13 @@ class Validate:
             raise InvalidRequest(
                 f"Too many messages: {len(body.messages)} (at most {limits.max_messages}).",
                 param="messages",
+            )
+        if body.choices() > limits.max_choices:
+            self._counters.invalid_requests += 1
+            raise InvalidRequest(
+                f"Invalid value for 'n': {body.n} is more than this deployment's "
+                f"{limits.max_choices} choices per request.",
+                param="n",
             )
         chars = sum(len(m.text()) for m in body.messages)
         if chars > limits.max_prompt_chars:

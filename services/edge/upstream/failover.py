@@ -78,8 +78,11 @@ class UpstreamStream:
         idle_timeout_s: float,
         started: float,
         span: trace.Span,
+        choices: int = 1,
     ) -> None:
         self._call = call
+        self._choices = choices
+        self._finished = 0
         self._span = span
         self.first = first
         self.candidate = candidate
@@ -111,8 +114,11 @@ class UpstreamStream:
                     self.last_token_at = self._last_read
                 yield chunk
                 if chunk.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:
-                    self._report(router_pb2.OUTCOME_SUCCESS)
-                    return
+                    # With n > 1 each choice finishes on its own; the stream ends with the last.
+                    self._finished += 1
+                    if self._finished >= self._choices:
+                        self._report(router_pb2.OUTCOME_SUCCESS)
+                        return
                 try:
                     nxt = await self._call.read()
                 except grpc.aio.AioRpcError as err:
@@ -198,6 +204,7 @@ async def open_stream(
     generate: GenerateFactory,
     policy: FailoverPolicy,
     tracer: trace.Tracer | None = None,
+    choices: int = 1,
 ) -> UpstreamStream:
     """Try candidates until one produces a first token; see the module docstring.
 
@@ -229,6 +236,7 @@ async def open_stream(
                     attempts=len(tried),
                     started=started,
                     tracer=tracer,
+                    choices=choices,
                 )
             except MeridianError as err:
                 if not is_retryable_elsewhere(err):
@@ -270,6 +278,7 @@ async def _attempt(
     attempts: int,
     started: float,
     tracer: trace.Tracer,
+    choices: int = 1,
 ) -> UpstreamStream:
     request_span = trace.get_current_span()
     span: trace.Span
@@ -309,6 +318,7 @@ async def _attempt(
             idle_timeout_s=policy.stream_idle_timeout_s,
             started=started,
             span=span,
+            choices=choices,
         )
     except TimeoutError:
         outcome = router_pb2.OUTCOME_FAILED

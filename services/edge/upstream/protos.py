@@ -14,7 +14,14 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from meridian.v1 import router_pb2, worker_pb2
+from services.common.jsonstruct import to_struct
 from services.edge.context import ChatContext
+from services.edge.openai_types import (
+    ChatCompletionRequest,
+    JsonObjectFormat,
+    JsonSchemaFormat,
+    NamedToolChoice,
+)
 from services.edge.prompt import prefix_hashes
 
 
@@ -33,7 +40,7 @@ def route_request(
         allowed_regions=list(tenant.allowed_regions),
         edge_site=site,
         prompt_tokens=ctx.prompt_tokens_estimate,
-        max_tokens=body.effective_max_tokens() or 0,
+        max_tokens=(body.effective_max_tokens() or 0) * body.choices(),
         session_id=ctx.session_id,
         prefix_hashes=prefix_hashes(body),
         exclude_worker_ids=list(exclude),
@@ -57,7 +64,17 @@ def generate_request(
         priority=tenant.tier.priority(),
     )
     for m in body.messages:
-        req.messages.add(role=m.role, content=m.text(), name=m.name or "")
+        msg = req.messages.add(role=m.role, content=m.text(), name=m.name or "")
+        if m.tool_calls:
+            for call in m.tool_calls:
+                msg.tool_calls.add(
+                    id=call.id,
+                    type="function",
+                    name=call.function.name,
+                    arguments=call.function.arguments,
+                )
+        if m.tool_call_id:
+            msg.tool_call_id = m.tool_call_id
     s = req.sampling
     if body.temperature is not None:
         s.temperature = body.temperature
@@ -76,4 +93,60 @@ def generate_request(
     s.logprobs = bool(body.logprobs)
     s.top_logprobs = body.top_logprobs or 0
     s.ignore_eos = body.ignore_eos
+    if body.n is not None and body.n > 1:
+        req.n = body.n
+    _add_sampling_extensions(body, s)
+    if body.tools or body.response_format is not None:
+        _add_tools_and_format(body, req)
     return req
+
+
+def _add_sampling_extensions(body: ChatCompletionRequest, s: worker_pb2.SamplingParams) -> None:
+    if body.top_k is not None:
+        s.top_k = body.top_k
+    if body.min_p is not None:
+        s.min_p = body.min_p
+    if body.repetition_penalty is not None:
+        s.repetition_penalty = body.repetition_penalty
+    if body.min_tokens is not None:
+        s.min_tokens = body.min_tokens
+    if body.stop_token_ids:
+        s.stop_token_ids.extend(body.stop_token_ids)
+    for token, bias in body.logit_bias_pairs():
+        s.logit_bias[token] = bias
+
+
+_TOOL_CHOICE_MODES = {
+    "auto": worker_pb2.ToolChoice.TOOL_CHOICE_MODE_AUTO,
+    "none": worker_pb2.ToolChoice.TOOL_CHOICE_MODE_NONE,
+    "required": worker_pb2.ToolChoice.TOOL_CHOICE_MODE_REQUIRED,
+    "function": worker_pb2.ToolChoice.TOOL_CHOICE_MODE_FUNCTION,
+}
+
+
+def _add_tools_and_format(body: ChatCompletionRequest, req: worker_pb2.GenerateRequest) -> None:
+    for tool in body.tools or ():
+        fn = tool.function
+        spec = req.tools.add(type="function")
+        spec.function.name = fn.name
+        spec.function.description = fn.description or ""
+        spec.function.strict = bool(fn.strict)
+        if fn.parameters is not None:
+            to_struct(fn.parameters, spec.function.parameters)
+    if body.tools:
+        req.tool_choice.mode = _TOOL_CHOICE_MODES[body.tool_choice_mode()]
+        if isinstance(body.tool_choice, NamedToolChoice):
+            req.tool_choice.function_name = body.tool_choice.function.name
+        if body.parallel_tool_calls is not None:
+            req.parallel_tool_calls = body.parallel_tool_calls
+    fmt = body.response_format
+    if isinstance(fmt, JsonObjectFormat):
+        req.response_format.type = worker_pb2.ResponseFormat.RESPONSE_FORMAT_TYPE_JSON_OBJECT
+    elif isinstance(fmt, JsonSchemaFormat):
+        rf = req.response_format
+        rf.type = worker_pb2.ResponseFormat.RESPONSE_FORMAT_TYPE_JSON_SCHEMA
+        rf.name = fmt.json_schema.name
+        rf.description = fmt.json_schema.description or ""
+        rf.strict = bool(fmt.json_schema.strict)
+        if fmt.json_schema.schema_ is not None:
+            to_struct(fmt.json_schema.schema_, rf.schema)

@@ -8,10 +8,11 @@ lists every worker with its health, models, region, RTT and load, so the local r
 load and honour residency for any request.
 
 The local rule (:func:`rank_locally`): keep workers that are healthy, not draining, serve the
-model READY, are in an allowed region and not excluded; order by load — (running + waiting +
-assigned) / max_running, in steps of 0.1 so near-equal loads tie — then by RTT, ties broken at
-random. Requests this edge sends while falling back are added to the load of their worker
-until the next view arrives, so a burst does not pile onto one worker.
+model READY with what the request needs (the router's capability rule), are in an allowed region
+and not excluded; order by load — (running + waiting + assigned) / max_running, in steps of 0.1
+so near-equal loads tie — then by RTT, ties broken at random. Requests this edge sends while
+falling back are added to the load of their worker until the next view arrives, so a burst does
+not pile onto one worker.
 
 The fallback is used only when the router did not answer (:class:`RouterUnreachable`); a
 router that answers with an error (unknown model, no capacity) is obeyed. It is counted, and
@@ -30,6 +31,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from meridian.v1 import router_pb2, worker_pb2
+from services.common import capabilities
 from services.common.clock import Clock
 from services.common.errors import MeridianError
 from services.common.logs import event
@@ -49,9 +51,14 @@ class ViewConfig:
             raise ValueError("need 0 < refresh_every_s <= max_age_s")
 
 
-def _serves(worker: router_pb2.WorkerView, model: str) -> bool:
+def _serves(worker: router_pb2.WorkerView, model: str, needs: capabilities.Needs) -> bool:
+    """The model is READY there and supports what the request needs (the router's own rule,
+    ``services.common.capabilities.unmet``)."""
     return any(
-        m.name == model and m.state == worker_pb2.MODEL_STATE_READY for m in worker.load.models
+        m.name == model
+        and m.state == worker_pb2.MODEL_STATE_READY
+        and capabilities.unmet(capabilities.Capabilities.from_pb(m), needs) is None
+        for m in worker.load.models
     )
 
 
@@ -65,13 +72,14 @@ def rank_locally(
     """Candidates for ``request`` from ``view``, best first (see the module docstring)."""
     allowed = set(request.allowed_regions)
     excluded = set(request.exclude_worker_ids)
+    needs = capabilities.Needs.from_pb(request)
     rows: list[tuple[float, float, float, float, router_pb2.WorkerView]] = []
     for w in view.workers:
         if not w.healthy or w.load.draining or w.worker_id in excluded:
             continue
         if allowed and w.region not in allowed:
             continue
-        if not _serves(w, request.model):
+        if not _serves(w, request.model, needs):
             continue
         busy = w.load.running + w.load.waiting + w.in_flight_assigned + assigned.get(w.worker_id, 0)
         load = busy / max(w.load.max_running, 1)
@@ -187,17 +195,22 @@ class ResilientRouter:
 
 
 def models_from_view(view: router_pb2.RouterView) -> router_pb2.ListModelsResponse:
-    served: dict[str, tuple[set[str], int]] = {}
+    served: dict[str, tuple[set[str], list[worker_pb2.ModelInfo]]] = {}
     for w in view.workers:
         if not w.healthy:
             continue
         for m in w.load.models:
             if m.state == worker_pb2.MODEL_STATE_READY:
-                regions, max_len = served.setdefault(m.name, (set(), 0))
+                regions, infos = served.setdefault(m.name, (set(), []))
                 regions.add(w.region)
-                served[m.name] = (regions, max(max_len, m.max_model_len))
+                infos.append(m)
     out = router_pb2.ListModelsResponse()
     for name in sorted(served):
-        regions, max_len = served[name]
-        out.models.add(name=name, regions=sorted(regions), max_model_len=max_len)
+        regions, infos = served[name]
+        out.models.add(
+            name=name,
+            regions=sorted(regions),
+            max_model_len=max(m.max_model_len for m in infos),
+            capabilities=capabilities.merged(infos),
+        )
     return out

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from services.common.capabilities import unmet
 from services.router.scheduling.plugin import Filter
 from services.router.scheduling.types import (
     NoCandidate,
@@ -97,6 +98,8 @@ def classify_empty(
     if allowed and not any(w.region in allowed and w.model(model) is not None for w in workers):
         return NoCandidate.REGION_NOT_ALLOWED, None
     removed_by = {r.filter for r in rejected}
+    if "capability" in removed_by and not _capable_anywhere(query, workers):
+        return NoCandidate.UNSUPPORTED, None
     waits = [
         f.retry_hint_s()
         for f in filters
@@ -106,6 +109,19 @@ def classify_empty(
         known = [s for s in waits if s is not None]
         return NoCandidate.SATURATED, max(known) if known else None
     return NoCandidate.UNAVAILABLE, unavailable_retry_after_s
+
+
+def _capable_anywhere(query: RouteQuery, workers: Sequence[WorkerSnapshot]) -> bool:
+    """Some worker in the allowed regions serves the model with everything the request needs
+    (healthy or not: if it is down, the request should wait for it, not be refused)."""
+    allowed = query.allowed_regions
+    for w in workers:
+        status = w.model(query.model)
+        if status is None or (allowed and w.region not in allowed):
+            continue
+        if unmet(status.capabilities, query.needs) is None:
+            return True
+    return False
 
 
 def explain_empty(query: RouteQuery, reason: NoCandidate, rejected: Sequence[Rejection]) -> str:

@@ -53,7 +53,7 @@ from services.router.scheduling.registry import (
     kind_of,
 )
 
-REQUIRED_FILTERS = ("model-ready", "residency")
+REQUIRED_FILTERS = ("model-ready", "residency", "capability")
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
 _PROFILE_KEYS = ("filters", "scorers", "picker", "unavailable_retry_after_s")

@@ -11,6 +11,7 @@ from collections.abc import Iterable
 from typing import Literal
 
 from services.router.scheduling.filters.admission import AdmissionFilter
+from services.router.scheduling.filters.capability import CapabilityFilter
 from services.router.scheduling.filters.draining import NotDrainingFilter
 from services.router.scheduling.filters.ejection import FailureEjectionFilter
 from services.router.scheduling.filters.exclude import ExcludeFilter
@@ -42,6 +43,7 @@ BUILTIN_PLUGINS: tuple[type[Plugin], ...] = (
     ExcludeFilter,
     ResidencyFilter,
     ModelReadyFilter,
+    CapabilityFilter,
     HealthyFilter,
     NotDrainingFilter,
     FreshReportFilter,

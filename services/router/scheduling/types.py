@@ -11,6 +11,8 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
+from services.common.capabilities import CHAT, CHAT_ONLY, Capabilities, Needs
+
 
 class Priority(enum.IntEnum):
     """Service tier. Mirrors ``meridian.v1.Priority`` (UNSPECIFIED is read as STANDARD)."""
@@ -32,6 +34,8 @@ class ModelStatus:
     name: str
     state: ModelState
     max_model_len: int = 0
+    # What this model on this worker supports (the ``capability`` filter's input).
+    capabilities: Capabilities = CHAT_ONLY
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,6 +55,7 @@ class RouteQuery:
     session_id: str = ""
     prefix_hashes: tuple[int, ...] = ()
     exclude_worker_ids: frozenset[str] = frozenset()
+    needs: Needs = CHAT  # what the request needs of a worker (the ``capability`` filter)
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,6 +129,8 @@ class NoCandidate(enum.StrEnum):
     REGION_NOT_ALLOWED = "region_not_allowed"  # FAILED_PRECONDITION (residency)
     SATURATED = "saturated"  # RESOURCE_EXHAUSTED (admission/shedding)
     UNAVAILABLE = "unavailable"  # UNAVAILABLE (nothing healthy and ready)
+    # INVALID_ARGUMENT: served, but no worker (in the allowed regions) has a feature it needs
+    UNSUPPORTED = "unsupported"
 
 
 @dataclass(frozen=True, slots=True)

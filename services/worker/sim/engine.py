@@ -35,6 +35,7 @@ from services.worker.engine import (
     EngineRequest,
     ModelDescription,
     ModelState,
+    ToolCallDelta,
 )
 from services.worker.sim.config import SimConfig
 from services.worker.sim.scheduler import SimScheduler
@@ -80,10 +81,28 @@ def merge_outputs(first: EngineOutput, later: EngineOutput) -> EngineOutput:
         text=first.text + later.text,
         token_ids=first.token_ids + later.token_ids,
         logprobs=first.logprobs + later.logprobs,
+        tool_calls=merge_tool_calls(first.tool_calls, later.tool_calls),
         queue_ms=first.queue_ms if first.queue_ms is not None else later.queue_ms,
         prefill_ms=first.prefill_ms if first.prefill_ms is not None else later.prefill_ms,
         decode_ms=later.decode_ms if later.decode_ms is not None else first.decode_ms,
     )
+
+
+def merge_tool_calls(
+    first: tuple[ToolCallDelta, ...], later: tuple[ToolCallDelta, ...]
+) -> tuple[ToolCallDelta, ...]:
+    """Tool-call pieces of two outputs as one: adjacent pieces of the same call joined (the
+    first keeps its id and name), so a merged output still holds one delta per call."""
+    if not first or not later:
+        return first or later
+    out = list(first)
+    for delta in later:
+        prev = out[-1]
+        if prev.index == delta.index and not delta.id:
+            out[-1] = dataclasses.replace(prev, arguments=prev.arguments + delta.arguments)
+        else:
+            out.append(delta)
+    return tuple(out)
 
 
 class SimEngine:

@@ -18,8 +18,9 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from services.worker.engine import EngineOutput, FinishReason, TokenLogprob
+from services.worker.engine import EngineOutput, FinishReason, TokenLogprob, ToolCallDelta
 from services.worker.sim.kv import block_hashes
+from services.worker.sim.script import Script
 from services.worker.sim.text import TextGenerator, token_id
 
 
@@ -44,6 +45,10 @@ class SimSequence:
     generator: TextGenerator
     logprobs: bool = False
     top_logprobs: int = 0
+    script: Script | None = None
+    """Tools / structured output: the answer decided up front (services/worker/sim/script.py)."""
+    min_tokens: int = 0
+    stop_token_ids: frozenset[int] = frozenset()
 
     state: SeqState = SeqState.WAITING
     output_ids: list[int] = field(default_factory=list)
@@ -60,6 +65,7 @@ class SimSequence:
     first_output_sent: bool = False
     finish_reason: FinishReason | None = None
     preemptions: int = 0
+    calls_started: set[int] = field(default_factory=set)
 
     @property
     def num_tokens(self) -> int:
@@ -98,11 +104,22 @@ class SimSequence:
 
     def append_token(self, now: float) -> EngineOutput:
         """Sample the next token at ``now`` and return the output to stream."""
-        piece = self.generator.next_piece()
+        calls: tuple[ToolCallDelta, ...] = ()
+        script = self.script
+        if script is not None:
+            step = script.next()
+            piece = step.piece
+            if step.call is not None:
+                first = step.call not in self.calls_started
+                self.calls_started.add(step.call)
+                calls = (script.delta(step, first_of_call=first),)
+        else:
+            piece = self.generator.next_piece()
         tid = token_id(piece)
         self.output_ids.append(tid)
         before = len(self.text)
-        self.text += piece
+        if not calls:
+            self.text += piece
         if self.first_token_at is None:
             self.first_token_at = now
         self.last_token_at = now
@@ -111,17 +128,26 @@ class SimSequence:
             value, top = self.generator.logprobs(piece, self.top_logprobs)
             lp = (TokenLogprob(token=piece, logprob=value, top=top),)
 
-        at_eos = self.natural_len is not None and len(self.output_ids) >= self.natural_len
-        if self._cut_at_stop_string(before) or at_eos:
+        produced = len(self.output_ids)
+        at_eos = (
+            self.natural_len is not None
+            and produced >= self.natural_len
+            and (produced >= self.min_tokens or script is not None)
+        )
+        if script is not None and produced >= len(script):
+            self.finish_reason = script.finish
+        elif (not calls and self._cut_at_stop_string(before)) or at_eos:
             self.finish_reason = FinishReason.STOP
-        elif len(self.output_ids) >= self.max_tokens or self.num_tokens >= self.max_model_len:
+        elif tid in self.stop_token_ids and produced >= self.min_tokens:
+            self.finish_reason = FinishReason.STOP
+        elif produced >= self.max_tokens or self.num_tokens >= self.max_model_len:
             self.finish_reason = FinishReason.LENGTH
-        return self._output(now, token_ids=(tid,), logprobs=lp)
+        return self._output(now, token_ids=(tid,), logprobs=lp, tool_calls=calls)
 
     def abort_output(self, now: float) -> EngineOutput:
         """The final output of a request aborted at ``now``."""
         self.finish_reason = FinishReason.ABORT
-        return self._output(now, token_ids=(), logprobs=())
+        return self._output(now, token_ids=(), logprobs=(), tool_calls=())
 
     def _cut_at_stop_string(self, before: int) -> bool:
         """Truncate ``text`` at the earliest stop string that ends in the new piece."""
@@ -136,7 +162,12 @@ class SimSequence:
         return True
 
     def _output(
-        self, now: float, *, token_ids: tuple[int, ...], logprobs: tuple[TokenLogprob, ...]
+        self,
+        now: float,
+        *,
+        token_ids: tuple[int, ...],
+        logprobs: tuple[TokenLogprob, ...],
+        tool_calls: tuple[ToolCallDelta, ...],
     ) -> EngineOutput:
         final = self.finish_reason is not None
         if final or not self.stop:
@@ -153,6 +184,7 @@ class SimSequence:
             completion_tokens=len(self.output_ids),
             cached_prompt_tokens=self.cached_prompt_tokens or 0,
             logprobs=logprobs,
+            tool_calls=tool_calls,
         )
         if not self.first_output_sent or final:
             scheduled = self.first_scheduled_at

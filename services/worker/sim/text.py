@@ -20,12 +20,13 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import json
 import math
 import random
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 
-from services.worker.engine import ChatTurn
+from services.worker.engine import ChatTurn, ToolSpec
 
 _CJK = "\u3040-\u30ff\u3400-\u4dbf\u4e00-\u9fff\uac00-\ud7af"
 _PIECE = re.compile(
@@ -42,13 +43,24 @@ ROLE_MARKER = "<|{role}|>"
 END_MARKER = "<|end|>"
 
 
-def render_chat(messages: Iterable[ChatTurn]) -> str:
-    """The prompt the model would see: one ``<|role|>`` block per message, then the open
-    ``<|assistant|>`` turn the completion continues."""
+def render_chat(messages: Iterable[ChatTurn], tools: Sequence[ToolSpec] = ()) -> str:
+    """The prompt the model would see: the tools (as JSON, so they cost prompt tokens), one
+    ``<|role|>`` block per message (an assistant's calls as JSON after its text), then the
+    open ``<|assistant|>`` turn the completion continues."""
     parts: list[str] = []
+    if tools:
+        specs = [
+            {"name": t.name, "description": t.description, "parameters": t.parameters}
+            for t in tools
+        ]
+        parts.append(f"<|tools|>\n{json.dumps(specs, sort_keys=True)}{END_MARKER}\n")
     for turn in messages:
         marker = f"<|{turn.role} name={turn.name}|>" if turn.name else f"<|{turn.role}|>"
-        parts.append(f"{marker}\n{turn.content}{END_MARKER}\n")
+        content = turn.content
+        if turn.tool_calls:
+            calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in turn.tool_calls]
+            content += json.dumps(calls)
+        parts.append(f"{marker}\n{content}{END_MARKER}\n")
     parts.append("<|assistant|>\n")
     return "".join(parts)
 

@@ -30,6 +30,7 @@ import random
 from services.common.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from services.worker.engine import EngineRequest, SamplingOptions
 from services.worker.sim.config import SimConfig
+from services.worker.sim.script import build_script, needs_script
 from services.worker.sim.sequence import SimSequence
 from services.worker.sim.text import TextGenerator, render_chat, seed_for, tokenize
 
@@ -89,7 +90,7 @@ def build_sequence(
     sampling = request.sampling
     check_sampling(sampling)
 
-    prompt_text = render_chat(request.messages)
+    prompt_text = render_chat(request.messages, tools=request.tools)
     prompt_ids = tokenize(prompt_text)
     limit = config.max_model_len
     if len(prompt_ids) >= limit:
@@ -113,8 +114,11 @@ def build_sequence(
         seed = seed_for("seed", sampling.seed, prompt_text)
     else:
         seed = seed_for("request", request.request_id)
+    script = build_script(request, seed) if needs_script(request) else None
     natural_len = None
-    if not sampling.ignore_eos:
+    if script is not None:
+        natural_len = len(script)
+    elif not sampling.ignore_eos:
         natural_len = random.Random(seed_for("length", seed)).randint(
             config.output_len_min, config.output_len_max
         )
@@ -131,4 +135,7 @@ def build_sequence(
         generator=TextGenerator(seed),
         logprobs=sampling.logprobs,
         top_logprobs=sampling.top_logprobs,
+        script=script,
+        min_tokens=sampling.min_tokens or 0,
+        stop_token_ids=frozenset(sampling.stop_token_ids),
     )

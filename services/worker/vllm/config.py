@@ -14,12 +14,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 Dtype = Literal["auto", "float32", "float16", "bfloat16"]
 SchedulingPolicy = Literal["fcfs", "priority"]
 
 _DTYPES: frozenset[str] = frozenset({"auto", "float32", "float16", "bfloat16"})
+#: vLLM's structured-output backends (vllm.config.structured_outputs.StructuredOutputsBackend).
+STRUCTURED_OUTPUT_BACKENDS: frozenset[str] = frozenset(
+    {"auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer"}
+)
 _POLICIES: frozenset[str] = frozenset({"fcfs", "priority"})
 
 
@@ -47,6 +51,23 @@ class VllmConfig:
             not pay the engine's lazy first-step initialisation (seconds on CPU).
         load_window_s: window over which tokens/s and the prefix-cache hit rate are computed.
         gpu_stats_max_age_s: how long one NVML reading is reused by ``load()``.
+        tool_call_parser: vLLM's tool parser for this model's call format ("hermes",
+            "llama3_json", ...), as ``--tool-call-parser``; None = tools are not served.
+        enable_auto_tool_choice: let the model decide to call tools (``tool_choice`` auto),
+            as ``--enable-auto-tool-choice``; needs a parser. Without it only ``required``
+            and named choices (enforced by structured outputs) are served.
+        tool_strict_level: vLLM's ``--tool-strict-level``: "auto" (each tool's ``strict``;
+            Meridian sends forced choices strict), "function" (the call envelope of every
+            tools request constrained), "parameter" (and every tool's arguments).
+        structured_outputs_backend: vLLM's grammar backend ("auto", "xgrammar", "guidance",
+            "outlines", "lm-format-enforcer").
+        structured_outputs_compact: JSON under structured outputs without optional whitespace
+            (vLLM's ``disable_any_whitespace``; xgrammar and guidance): fewer tokens, and no
+            whitespace runs from a weak model.
+        quantization: vLLM's quantization method ("fp8", "awq", ...); None = the model's own.
+        speculative_config: vLLM's speculative decoding config (``--speculative-config``
+            JSON: {"method": "ngram", "num_speculative_tokens": 3, ...}); None = off.
+        max_choices: the largest ``n`` one request may ask for.
     """
 
     model: str
@@ -64,6 +85,14 @@ class VllmConfig:
     warmup: bool = True
     load_window_s: float = 10.0
     gpu_stats_max_age_s: float = 1.0
+    tool_call_parser: str | None = None
+    enable_auto_tool_choice: bool = False
+    structured_outputs_backend: str = "auto"
+    tool_strict_level: str = "auto"
+    structured_outputs_compact: bool = False
+    quantization: str | None = None
+    speculative_config: dict[str, Any] | None = None
+    max_choices: int = 16
 
     def __post_init__(self) -> None:
         if not self.model.strip():
@@ -92,6 +121,42 @@ class VllmConfig:
             raise ValueError(f"load_window_s must be positive, got {self.load_window_s}")
         if self.gpu_stats_max_age_s < 0:
             raise ValueError("gpu_stats_max_age_s must not be negative")
+        if self.tool_call_parser is not None and not self.tool_call_parser.strip():
+            raise ValueError("tool_call_parser must not be blank")
+        if self.enable_auto_tool_choice and self.tool_call_parser is None:
+            raise ValueError("enable_auto_tool_choice needs a tool_call_parser")
+        if self.structured_outputs_backend not in STRUCTURED_OUTPUT_BACKENDS:
+            raise ValueError(
+                f"structured_outputs_backend must be one of {sorted(STRUCTURED_OUTPUT_BACKENDS)},"
+                f" got {self.structured_outputs_backend!r}"
+            )
+        if self.structured_outputs_compact and self.structured_outputs_backend not in (
+            "xgrammar",
+            "guidance",
+        ):
+            raise ValueError(
+                "structured_outputs_compact needs structured_outputs_backend xgrammar or guidance"
+            )
+        if self.tool_strict_level not in ("auto", "function", "parameter"):
+            raise ValueError(
+                "tool_strict_level must be one of auto, function, parameter, "
+                f"got {self.tool_strict_level!r}"
+            )
+        if self.quantization is not None and not self.quantization.strip():
+            raise ValueError("quantization must not be blank")
+        if self.speculative_config is not None:
+            spec = self.speculative_config
+            if not isinstance(spec, dict) or not ({"method", "model"} & set(spec)):
+                raise ValueError(
+                    "speculative_config must be a JSON object with a 'method' or a 'model'"
+                )
+            tokens = spec.get("num_speculative_tokens")
+            if tokens is not None and (
+                isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1
+            ):
+                raise ValueError("speculative_config.num_speculative_tokens must be >= 1")
+        if self.max_choices < 1:
+            raise ValueError(f"max_choices must be at least 1, got {self.max_choices}")
 
     @classmethod
     def cpu_test(cls, model: str | Path, *, served_model_name: str | None = None) -> VllmConfig:
@@ -134,4 +199,15 @@ class VllmConfig:
             kwargs["max_model_len"] = self.max_model_len
         if self.max_num_batched_tokens is not None:
             kwargs["max_num_batched_tokens"] = self.max_num_batched_tokens
+        structured: dict[str, object] = {}
+        if self.structured_outputs_backend != "auto":
+            structured["backend"] = self.structured_outputs_backend
+        if self.structured_outputs_compact:
+            structured["disable_any_whitespace"] = True
+        if structured:
+            kwargs["structured_outputs_config"] = structured
+        if self.quantization is not None:
+            kwargs["quantization"] = self.quantization
+        if self.speculative_config is not None:
+            kwargs["speculative_config"] = dict(self.speculative_config)
         return kwargs

@@ -64,6 +64,7 @@ from services.worker.engine import (
 )
 from services.worker.gpu import GpuMonitor
 from services.worker.vllm.config import VllmConfig
+from services.worker.vllm.features import FeatureRequest, load_parser, needs_features, schema_error
 from services.worker.vllm.load_window import LoadWindow
 from services.worker.vllm.output import OutputAssembler
 from services.worker.vllm.prompt import render_prompt
@@ -105,6 +106,7 @@ class VllmEngine:
         self._started = False
         self._closing = False
         self._build: asyncio.Future[AsyncLLM] | None = None
+        self._parser_cls: Any = None  # vLLM's Parser class for --tool-call-parser
 
     # -- life cycle --------------------------------------------------------------------------
 
@@ -136,6 +138,12 @@ class VllmEngine:
             self._fail(f"vLLM failed to start: {type(err).__name__}: {err}")
             raise
         self._llm = llm
+        try:
+            self._parser_cls = load_parser(self.config, llm.get_tokenizer())
+        except ValueError as err:
+            self._fail(str(err))
+            await _stop_engine(llm)
+            raise
         self._max_model_len = int(llm.model_config.max_model_len)
         defaults = dict(llm.model_config.get_diff_sampling_param())
         defaults.pop("max_tokens", None)  # OpenAI's default is the rest of the context
@@ -256,16 +264,29 @@ class VllmEngine:
             raise InvalidRequest(
                 f"request {request.request_id!r} is already in flight", param="request_id"
             )
+        feature = (
+            FeatureRequest(
+                request,
+                parser_cls=self._parser_cls,
+                enable_auto_tools=self.config.enable_auto_tool_choice,
+                tokenizer=llm.get_tokenizer(),
+                model_config=llm.model_config,
+            )
+            if needs_features(request)
+            else None
+        )
         self._in_flight.add(request.request_id)
         try:
-            prompt_ids = await render_prompt(llm.get_tokenizer(), request.messages)
+            prompt_ids = await render_prompt(
+                llm.get_tokenizer(), request.messages, feature.tools if feature else None
+            )
             max_tokens = completion_budget(
                 prompt_tokens=len(prompt_ids),
                 max_model_len=self._max_model_len,
                 max_tokens=request.sampling.max_tokens,
             )
-            params = self._sampling_params(request.sampling, max_tokens)
-            async for output in self._stream(llm, request, prompt_ids, params):
+            params = self._sampling_params(request.sampling, max_tokens, feature)
+            async for output in self._stream(llm, request, prompt_ids, params, feature):
                 yield output
         finally:
             self._in_flight.discard(request.request_id)
@@ -281,7 +302,9 @@ class VllmEngine:
         }.get(self._state, "the engine is not ready")
         raise Unavailable(f"{self.config.name}: {reason}")
 
-    def _sampling_params(self, options: SamplingOptions, max_tokens: int) -> SamplingParams:
+    def _sampling_params(
+        self, options: SamplingOptions, max_tokens: int, feature: FeatureRequest | None = None
+    ) -> SamplingParams:
         kwargs: dict[str, Any] = dict(self._sampling_defaults)
         chosen = {
             "temperature": options.temperature,
@@ -289,6 +312,10 @@ class VllmEngine:
             "seed": options.seed,
             "presence_penalty": options.presence_penalty,
             "frequency_penalty": options.frequency_penalty,
+            "top_k": options.top_k,
+            "min_p": options.min_p,
+            "repetition_penalty": options.repetition_penalty,
+            "min_tokens": options.min_tokens,
         }
         kwargs.update({key: value for key, value in chosen.items() if value is not None})
         kwargs.update(
@@ -299,6 +326,13 @@ class VllmEngine:
             ignore_eos=options.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
         )
+        if options.stop_token_ids:
+            kwargs["stop_token_ids"] = list(options.stop_token_ids)
+        if options.logit_bias:
+            kwargs["logit_bias"] = dict(options.logit_bias)
+        if feature is not None:
+            kwargs["structured_outputs"] = feature.structured_outputs()
+            kwargs["skip_special_tokens"] = feature.skip_special_tokens
         try:
             return SamplingParams(**kwargs)
         except VLLMClientError as err:
@@ -310,6 +344,7 @@ class VllmEngine:
         request: EngineRequest,
         prompt_ids: list[int],
         params: SamplingParams,
+        feature: FeatureRequest | None = None,
     ) -> AsyncGenerator[EngineOutput, None]:
         assembler = OutputAssembler(
             prompt_tokens=len(prompt_ids),
@@ -334,6 +369,12 @@ class VllmEngine:
                     await llm.abort(request.request_id)
                 output = assembler.convert(raw)
                 finished = output.finish_reason is not None
+                if feature is not None:
+                    output.text, output.tool_calls = feature.convert(
+                        output.text, output.token_ids, prompt_ids, finished=finished
+                    )
+                    if output.finish_reason is not None:
+                        output.finish_reason = feature.finish(output.finish_reason)
                 yield output
         except EngineDeadError as err:
             self._fail("the engine core died")
@@ -341,7 +382,14 @@ class VllmEngine:
         except EngineGenerateError as err:
             raise InternalError(f"the engine failed the request: {err.__cause__ or err}") from err
         except VLLMClientError as err:
+            if feature is not None and params.structured_outputs is not None:
+                raise schema_error(request, err) from err
             raise InvalidRequest(str(err), param=getattr(err, "parameter", None)) from err
+        except ValueError as err:
+            # The grammar backend refused the schema while the request was being added.
+            if feature is not None and params.structured_outputs is not None:
+                raise schema_error(request, err) from err
+            raise
         finally:
             if not finished:
                 # Closed while suspended at our yield: closing vLLM's generator aborts the

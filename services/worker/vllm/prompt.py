@@ -36,22 +36,40 @@ def conversation_chars(messages: Sequence[ChatTurn]) -> int:
     return sum(len(turn.content) + len(turn.name) for turn in messages)
 
 
-async def render_prompt(tokenizer: Any, messages: Sequence[ChatTurn]) -> list[int]:
+async def render_prompt(
+    tokenizer: Any, messages: Sequence[ChatTurn], tools: list[dict[str, Any]] | None = None
+) -> list[int]:
     """:func:`render_prompt_sync`, inline for short conversations, else in a worker thread."""
-    if conversation_chars(messages) <= INLINE_RENDER_MAX_CHARS:
+    if not tools and conversation_chars(messages) <= INLINE_RENDER_MAX_CHARS:
         return render_prompt_sync(tokenizer, messages)
-    return await asyncio.to_thread(render_prompt_sync, tokenizer, messages)
+    return await asyncio.to_thread(render_prompt_sync, tokenizer, messages, tools)
 
 
-def render_prompt_sync(tokenizer: Any, messages: Sequence[ChatTurn]) -> list[int]:
-    """The prompt token ids of ``messages``; a template that refuses them is InvalidRequest."""
-    conversation = [
-        {"role": turn.role, "content": turn.content, **({"name": turn.name} if turn.name else {})}
-        for turn in messages
-    ]
+def _message(turn: ChatTurn) -> dict[str, Any]:
+    """One turn as chat templates read it (OpenAI's shape, as vLLM's server passes it)."""
+    out: dict[str, Any] = {"role": turn.role, "content": turn.content}
+    if turn.name:
+        out["name"] = turn.name
+    if turn.tool_calls:
+        out["tool_calls"] = [
+            {"id": c.id, "type": "function", "function": {"name": c.name, "arguments": c.arguments}}
+            for c in turn.tool_calls
+        ]
+    if turn.tool_call_id:
+        out["tool_call_id"] = turn.tool_call_id
+    return out
+
+
+def render_prompt_sync(
+    tokenizer: Any, messages: Sequence[ChatTurn], tools: list[dict[str, Any]] | None = None
+) -> list[int]:
+    """The prompt token ids of ``messages`` (and ``tools``, rendered by the model's own
+    template); a template that refuses them is InvalidRequest."""
+    conversation = [_message(turn) for turn in messages]
+    extra: dict[str, Any] = {"tools": tools} if tools else {}
     try:
         text = tokenizer.apply_chat_template(
-            conversation, tokenize=False, add_generation_prompt=True
+            conversation, tokenize=False, add_generation_prompt=True, **extra
         )
     except jinja2.TemplateError as err:
         raise InvalidRequest(

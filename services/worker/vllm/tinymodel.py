@@ -33,21 +33,40 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 MARKER = "meridian-tinymodel.json"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 """Bumped whenever the builder would write a different folder for the same spec."""
 
 BOS = "<s>"
 EOS = "</s>"
+TOOL_CALL_START = "<tool_call>"
+TOOL_CALL_END = "</tool_call>"
+"""Hermes-style call markers (vLLM's ``hermes`` tool parser finds calls between them)."""
 HEAD_DIM = 64
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
+    "{% if tools %}<|system|>\n<tools>{% for tool in tools %}{{ tool | tojson }}{% endfor %}"
+    "</tools>{{ eos_token }}\n{% endif %}"
     "{% for message in messages %}"
-    "<|{{ message['role'] }}|>\n{{ message['content'] }}{{ eos_token }}\n"
+    "<|{{ message['role'] }}|>\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% elif message['content'] %}{% for part in message['content'] %}{{ part['text'] }}"
+    "{% endfor %}{% endif %}"
+    "{% for call in message['tool_calls'] or [] %}<tool_call>"
+    '{"name": "{{ call[\'function\'][\'name\'] }}", "arguments": '
+    "{% if call['function']['arguments'] is string %}{{ call['function']['arguments'] }}"
+    "{% else %}{{ call['function']['arguments'] | tojson }}{% endif %}}</tool_call>"
+    "{% endfor %}"
+    "{{ eos_token }}\n"
     "{% endfor %}"
     "{% if add_generation_prompt %}<|assistant|>\n{% endif %}"
 )
-"""Zephyr-style turns: ``<|role|>`` line, content, EOS. Ends with an open assistant turn."""
+"""Zephyr-style turns: ``<|role|>`` line, content, EOS. Ends with an open assistant turn.
+
+Tools (as vLLM passes them, OpenAI's ``{"type": "function", "function": {...}}``) go in a
+leading system turn; an assistant's calls follow its text as Hermes ``<tool_call>{"name":
+..., "arguments": ...}</tool_call>`` blocks — what vLLM's ``hermes`` tool parser reads back.
+"""
 
 CORPUS = (
     "Meridian serves language models from regional clusters close to the user.",
@@ -59,6 +78,11 @@ CORPUS = (
     "Hello! How are you today? I am fine, thank you, and you? Let us count: one two three.",
     "Numbers 0123456789, punctuation .,;:!?'\"()[]{}<>/\\|@#$%^&*-_=+~ and newlines\n\n.",
     "<|system|>\nYou are helpful.</s>\n<|user|>\nWrite a poem.</s>\n<|assistant|>\nSure.",
+    '<tools>{"type": "function", "function": {"name": "get_weather", "description": "Weather",'
+    ' "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": '
+    '{"type": "integer"}}, "required": ["city"], "additionalProperties": false}}}</tools>',
+    '<tool_call>{"name": "get_weather", "arguments": {"city": "Seoul", "days": 3}}</tool_call>',
+    '{"name": "Ada", "age": 36, "tags": ["math", "engines"], "items": [], "enum": null}',
 )
 """Text the BPE merges are learned from. Any UTF-8 text still encodes (byte fallback)."""
 
@@ -166,6 +190,7 @@ def _write_model(folder: Path, spec: TinyModelSpec) -> None:
         tokenizer_object=_train_tokenizer(spec.vocab_size),
         bos_token=BOS,
         eos_token=EOS,
+        additional_special_tokens=[TOOL_CALL_START, TOOL_CALL_END],
         model_max_length=spec.max_position_embeddings,
         clean_up_tokenization_spaces=False,
     )
@@ -203,7 +228,7 @@ def _train_tokenizer(vocab_size: int):  # type: ignore[no-untyped-def]  # tokeni
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
         min_frequency=1,
-        special_tokens=[BOS, EOS],
+        special_tokens=[BOS, EOS, TOOL_CALL_START, TOOL_CALL_END],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )

@@ -20,14 +20,14 @@ from services.router.scheduling.registry import default_registry
 from .conftest import ROOT
 
 REGISTRY = default_registry()
-REQUIRED = [{"type": "model-ready"}, {"type": "residency"}]
+REQUIRED = [{"type": "model-ready"}, {"type": "residency"}, {"type": "capability"}]
 
 
 def profile_with(kind: str, name: str) -> dict[str, Any]:
     filters = list(REQUIRED)
     scorers: list[dict[str, Any]] = [{"type": "latency", "weight": 1}]
     picker: dict[str, Any] = {"type": "max-score"}
-    if kind == "filter" and name not in ("model-ready", "residency"):
+    if kind == "filter" and name not in ("model-ready", "residency", "capability"):
         filters.append({"type": name})
     elif kind == "scorer":
         scorers = [{"type": name, "weight": 1}]

@@ -241,6 +241,7 @@ def test_every_plugin_call_is_timed_in_microseconds() -> None:
     plugins = {
         "residency",
         "model-ready",
+        "capability",
         "healthy",
         "exclude",
         "latency",

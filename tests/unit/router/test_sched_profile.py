@@ -17,7 +17,12 @@ PROFILES = Path(__file__).resolve().parents[3] / "deploy/router/profiles"
 VALID: dict[str, Any] = {
     "profiles": {
         "default": {
-            "filters": [{"type": "residency"}, {"type": "model-ready"}, {"type": "healthy"}],
+            "filters": [
+                {"type": "residency"},
+                {"type": "model-ready"},
+                {"type": "capability"},
+                {"type": "healthy"},
+            ],
             "scorers": [
                 {"type": "latency", "weight": 3, "params": {"tau_ms": 40}},
                 {"type": "queue", "weight": 2},
@@ -60,7 +65,7 @@ def test_shipped_profiles_load(name: str) -> None:
 
 def test_a_valid_mapping_builds_a_scheduler_with_its_plugins_and_weights() -> None:
     s = load_profile(VALID)
-    assert [f.TYPE for f in s.filters] == ["residency", "model-ready", "healthy"]
+    assert [f.TYPE for f in s.filters] == ["residency", "model-ready", "capability", "healthy"]
     assert [(ws.scorer.TYPE, ws.weight) for ws in s.scorers] == [
         ("latency", 3.0),
         ("queue", 2.0),
@@ -158,6 +163,12 @@ PROBLEMS: list[tuple[str, Any, str]] = [
         "profiles[default].filters: missing required filter 'residency'",
     ),
     (
+        "capability is required",
+        edited(["profiles", "default", "filters", 2], {"type": "exclude"}),
+        "profiles[default].filters: missing required filter 'capability' "
+        "(a hard constraint, never optional)",
+    ),
+    (
         "filters not a list",
         edited(["profiles", "default", "filters"], "healthy"),
         "profiles[default].filters: must be a list",
@@ -167,10 +178,15 @@ PROBLEMS: list[tuple[str, Any, str]] = [
         "memoised filter after a plain one",
         edited(
             ["profiles", "default", "filters"],
-            [{"type": "residency"}, {"type": "exclude"}, {"type": "model-ready"}],
+            [
+                {"type": "residency"},
+                {"type": "capability"},
+                {"type": "exclude"},
+                {"type": "model-ready"},
+            ],
         ),
-        "profiles[default].filters[2]: memoised filter 'model-ready' must be listed before "
-        "the plain filter at filters[1] ('exclude')",
+        "profiles[default].filters[3]: memoised filter 'model-ready' must be listed before "
+        "the plain filter at filters[2] ('exclude')",
     ),
     (
         "bad retry hint",
@@ -202,8 +218,10 @@ def test_every_problem_is_reported_at_once() -> None:
         "(a hard constraint, never optional)",
         "profiles[other].filters: missing required filter 'residency' "
         "(a hard constraint, never optional)",
+        "profiles[other].filters: missing required filter 'capability' "
+        "(a hard constraint, never optional)",
     )
-    with pytest.raises(ProfileError, match=r"<mapping>: 4 problems:\n  profiles\[default\]"):
+    with pytest.raises(ProfileError, match=r"<mapping>: 5 problems:\n  profiles\[default\]"):
         load_profiles(doc)
 
 
