@@ -70,6 +70,10 @@ class EdgeCounters:
     completions: int = 0
     client_disconnects: int = 0
     stream_errors: int = 0
+    # Mid-stream migration (services/edge/migration/): streams moved to another worker, and
+    # breaks that could not be moved (refused, a bound reached, no worker left).
+    migrations: int = 0
+    migrations_failed: int = 0
 
     def snapshot(self) -> dict[str, int]:
         return asdict(self)

@@ -13,8 +13,8 @@ from meridian.v1 import worker_pb2
 FINISH_REASONS = {
     worker_pb2.FINISH_REASON_STOP: "stop",
     worker_pb2.FINISH_REASON_LENGTH: "length",
-    # An aborted generation (worker drain) ends like a truncated one for the client.
-    worker_pb2.FINISH_REASON_ABORT: "length",
+    # FINISH_REASON_ABORT never reaches a client: the migration driver moves a handed-back
+    # stream to another worker or ends it with an error event (services/edge/migration/).
 }
 
 
@@ -87,11 +87,25 @@ class ChunkRenderer:
             return None
         return self._content_head + json.dumps(chunk.text).encode() + self._content_tail
 
-    def finish(self, reason: str) -> bytes:
-        return self._chunk({}, reason)
+    def finish(self, reason: str, extension: dict[str, Any] | None = None) -> bytes:
+        """The chunk with the finish reason; ``extension`` goes in a ``meridian`` object
+        (migrations, final region and worker), which OpenAI's SDKs keep as an extra field."""
+        if extension is None:
+            return self._chunk({}, reason)
+        body: dict[str, Any] = {
+            **self._head,
+            "choices": [{"index": 0, "delta": {}, "logprobs": None, "finish_reason": reason}],
+        }
+        if self._usage:
+            body["usage"] = None
+        body["meridian"] = extension
+        return sse_data(body)
 
-    def usage(self, usage: worker_pb2.Usage) -> bytes:
-        return sse_data({**self._head, "choices": [], "usage": usage_dict(usage)})
+    def usage(self, usage: worker_pb2.Usage, extension: dict[str, Any] | None = None) -> bytes:
+        body: dict[str, Any] = {**self._head, "choices": [], "usage": usage_dict(usage)}
+        if extension is not None:
+            body["meridian"] = extension
+        return sse_data(body)
 
 
 def sse_data(payload: dict[str, Any]) -> bytes:
@@ -112,8 +126,9 @@ def completion_body(
     finish: str,
     usage: worker_pb2.Usage,
     logprobs: list[worker_pb2.TokenLogprob] | None,
+    extension: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    return {
+    body: dict[str, Any] = {
         "id": completion_id,
         "object": "chat.completion",
         "created": created,
@@ -129,3 +144,6 @@ def completion_body(
         ],
         "usage": usage_dict(usage),
     }
+    if extension is not None:
+        body["meridian"] = extension
+    return body

@@ -19,6 +19,7 @@ from services.worker.engine import (
     FinishReason,
     ModelDescription,
     ModelState,
+    ResumeInput,
     SamplingOptions,
 )
 
@@ -115,17 +116,62 @@ def request_from_pb(pb: worker_pb2.GenerateRequest) -> EngineRequest:
                 param=f"messages[{i}].content",
             )
         turns.append(ChatTurn(role=m.role, content=m.content, name=m.name))
+    sampling = sampling_from_pb(pb.sampling)
     return EngineRequest(
         request_id=pb.request_id,
         model=pb.model,
         messages=tuple(turns),
-        sampling=sampling_from_pb(pb.sampling),
+        sampling=sampling,
         priority=pb.priority,
+        resume=resume_from_pb(pb, sampling) if pb.HasField("resume") else None,
+    )
+
+
+#: The longest delivered-text tail a continuing worker accepts (stop strings are shorter).
+MAX_RESUME_TAIL_CHARS = 256
+
+
+def resume_from_pb(pb: worker_pb2.GenerateRequest, sampling: SamplingOptions) -> ResumeInput:
+    """Validate a migrated stream's resume state (it comes over the network, like the rest)."""
+    r = pb.resume
+    ids = tuple(r.delivered_token_ids)
+    if not ids:
+        raise InvalidRequest(
+            "resume.delivered_token_ids must not be empty", param="resume.delivered_token_ids"
+        )
+    ceiling = sampling.max_tokens if sampling.max_tokens is not None else limits.MAX_TOKENS_CEILING
+    if len(ids) >= ceiling:
+        raise InvalidRequest(
+            f"resume.delivered_token_ids has {len(ids)} tokens; nothing is left to generate "
+            f"under max_tokens {ceiling}",
+            param="resume.delivered_token_ids",
+        )
+    if len(r.delivered_text_tail) > MAX_RESUME_TAIL_CHARS:
+        raise InvalidRequest(
+            f"resume.delivered_text_tail is longer than {MAX_RESUME_TAIL_CHARS} characters",
+            param="resume.delivered_text_tail",
+        )
+    if len(r.delivered_text_tail) > r.delivered_text_chars:
+        raise InvalidRequest(
+            "resume.delivered_text_tail is longer than resume.delivered_text_chars",
+            param="resume.delivered_text_tail",
+        )
+    if len(r.origin_request_id) > limits.MAX_REQUEST_ID_CHARS:
+        raise InvalidRequest(
+            f"resume.origin_request_id must be at most {limits.MAX_REQUEST_ID_CHARS} characters",
+            param="resume.origin_request_id",
+        )
+    return ResumeInput(
+        delivered_token_ids=ids,
+        delivered_text_chars=r.delivered_text_chars,
+        delivered_text_tail=r.delivered_text_tail,
+        origin_request_id=r.origin_request_id,
+        migrations=r.migrations,
     )
 
 
 def chunk_to_pb(out: EngineOutput) -> worker_pb2.GenerateChunk:
-    chunk = worker_pb2.GenerateChunk(text=out.text, token_ids=out.token_ids)
+    chunk = worker_pb2.GenerateChunk(text=out.text, token_ids=out.token_ids, handoff=out.handoff)
     chunk.usage.prompt_tokens = out.prompt_tokens
     chunk.usage.completion_tokens = out.completion_tokens
     chunk.usage.cached_prompt_tokens = out.cached_prompt_tokens

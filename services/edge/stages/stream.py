@@ -4,7 +4,13 @@ client, as SSE chunks or as one ``chat.completion`` object.
 Streaming: HTTP headers are committed when the first token arrives, so anything that fails
 before that is a proper HTTP error. If the first token takes longer than
 ``keepalive_after_s``, headers are committed early and SSE comments keep the connection alive;
-a failure after that point is sent as an SSE ``error`` payload, which the OpenAI SDK raises.
+a failure after that point is sent as an SSE ``error`` payload (then ``[DONE]``), which the
+OpenAI SDK raises.
+
+Mid-stream breaks (the worker dies, stalls, drains) are not failures yet: the chunks come
+through :class:`~services.edge.migration.driver.MigratingStream`, which moves the stream to
+another worker and continues it; the final chunk (and a non-streamed completion) carries
+``"meridian": {"migrations": N, "region": ..., "worker": ...}``.
 
 Client disconnect: aiohttp cancels this handler (``handler_cancellation=True``); the ``finally``
 cancels the worker call, which aborts the generation in the engine, and the admit stage settles
@@ -17,8 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 
@@ -27,6 +36,9 @@ from services.common.errors import MeridianError
 from services.common.logs import event
 from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
+from services.edge.migration.driver import MigratingStream
+from services.edge.migration.policy import MigrationPolicy
+from services.edge.migration.refusal import migration_refusal
 from services.edge.observability import EdgeTelemetry
 from services.edge.openai_types import ChatCompletionRequest, now_s
 from services.edge.render import (
@@ -69,6 +81,7 @@ class Stream:
         workers: WorkerPool,
         policy: FailoverPolicy,
         counters: EdgeCounters,
+        migration: MigrationPolicy | None = None,
         telemetry: EdgeTelemetry | None = None,
         keepalive_after_s: float = 3.0,
         keepalive_every_s: float = 10.0,
@@ -77,6 +90,13 @@ class Stream:
         self._router = router
         self._workers = workers
         self._policy = policy
+        self._migration = migration or MigrationPolicy()
+        # A migratable stream is watched for stalls at the migration threshold, not at the
+        # (much longer) idle limit that ends an unmigratable one.
+        self._stall_policy = dataclasses.replace(
+            policy,
+            stream_idle_timeout_s=min(policy.stream_idle_timeout_s, self._migration.stall_s),
+        )
         self._counters = counters
         self._telemetry = telemetry or EdgeTelemetry(counters=counters, active_streams=lambda: 0)
         self._keepalive_after_s = keepalive_after_s
@@ -89,6 +109,26 @@ class Stream:
         def generate(request_id: str, decision_id: str) -> worker_pb2.GenerateRequest:
             return protos.generate_request(ctx, request_id=request_id, decision_id=decision_id)
 
+        refusal = migration_refusal(ctx.body)
+        migratable = self._migration.enabled and refusal is None
+        policy = self._stall_policy if migratable else self._policy
+        reroute = ctx.reroute
+
+        def migrating(first: UpstreamStream) -> MigratingStream:
+            return MigratingStream(
+                first=first,
+                request_id=ctx.request_id,
+                refusal=refusal,
+                policy=self._migration,
+                failover=policy,
+                reroute=reroute,
+                outcomes=self._router,
+                workers=self._workers,
+                generate=generate,
+                record=self._telemetry.record_migration,
+                tracer=self._telemetry.tracer,
+            )
+
         opening = asyncio.ensure_future(
             open_stream(
                 first_route=ctx.route,
@@ -97,14 +137,14 @@ class Stream:
                 workers=self._workers,
                 request_id=ctx.request_id,
                 generate=generate,
-                policy=self._policy,
+                policy=policy,
                 tracer=self._telemetry.tracer,
             )
         )
         try:
             if ctx.body.stream:
-                return await self._stream(ctx, ctx.body, opening)
-            return await self._complete(ctx, ctx.body, opening)
+                return await self._stream(ctx, ctx.body, opening, migrating)
+            return await self._complete(ctx, ctx.body, opening, migrating)
         except asyncio.CancelledError:
             self._counters.client_disconnects += 1
             raise
@@ -119,39 +159,45 @@ class Stream:
         ctx: ChatContext,
         body: ChatCompletionRequest,
         opening: asyncio.Future[UpstreamStream],
+        migrating: _Migrating,
     ) -> web.StreamResponse:
-        upstream = await opening
+        stream = migrating(await opening)
         text: list[str] = []
         logprobs: list[worker_pb2.TokenLogprob] | None = [] if body.logprobs else None
-        last = upstream.first
+        last = stream.current.first
         try:
-            async for chunk in upstream.chunks():
-                _track_usage(ctx, chunk)
-                text.append(chunk.text)
-                if logprobs is not None:
-                    logprobs.extend(chunk.logprobs)
-                last = chunk
+            async with contextlib.aclosing(stream.chunks()) as chunks:
+                async for chunk in chunks:
+                    _track_usage(ctx, chunk)
+                    text.append(chunk.text)
+                    if logprobs is not None:
+                        logprobs.extend(chunk.logprobs)
+                    last = chunk
         finally:
-            upstream.cancel()
-        self._log_done(ctx, upstream, last)
+            stream.cancel()
+        self._log_done(ctx, stream, last)
         self._counters.completions += 1
         payload = completion_body(
             completion_id=ctx.request_id,
             model=body.model,
             created=now_s(),
-            fingerprint=_fingerprint(upstream),
+            fingerprint=_fingerprint(stream.current),
             text="".join(text),
             finish=FINISH_REASONS.get(last.finish_reason, "stop"),
             usage=last.usage,
             logprobs=logprobs,
+            extension=_extension(stream),
         )
-        return web.json_response(payload, headers={**ctx.headers, **_route_headers(upstream)})
+        return web.json_response(
+            payload, headers={**ctx.headers, **_route_headers(stream.current, stream)}
+        )
 
     async def _stream(
         self,
         ctx: ChatContext,
         body: ChatCompletionRequest,
         opening: asyncio.Future[UpstreamStream],
+        migrating: _Migrating,
     ) -> web.StreamResponse:
         done, _ = await asyncio.wait({opening}, timeout=self._keepalive_after_s)
         resp: web.StreamResponse | None = None
@@ -171,12 +217,14 @@ class Stream:
                     raise
                 self._counters.stream_errors += 1
                 await self._write(ctx, resp, sse_data(err.to_openai()))
+                await self._write(ctx, resp, SSE_DONE)
                 return resp
             if resp is None:
-                resp = await self._start_sse(ctx, _route_headers(upstream))
+                resp = await self._start_sse(ctx, _route_headers(upstream, None))
         except ClientGone:
             assert resp is not None
             return resp
+        stream = migrating(upstream)
         render = ChunkRenderer(
             completion_id=ctx.request_id,
             model=body.model,
@@ -187,17 +235,19 @@ class Stream:
         last = upstream.first
         try:
             await self._write(ctx, resp, render.role())
-            async for chunk in upstream.chunks():
-                last = chunk
-                _track_usage(ctx, chunk)
-                data = render.content(chunk)
-                if data is not None:
-                    await self._write(ctx, resp, data)
+            async with contextlib.aclosing(stream.chunks()) as chunks:
+                async for chunk in chunks:
+                    last = chunk
+                    _track_usage(ctx, chunk)
+                    data = render.content(chunk)
+                    if data is not None:
+                        await self._write(ctx, resp, data)
+            ext = _extension(stream)
             await self._write(
-                ctx, resp, render.finish(FINISH_REASONS.get(last.finish_reason, "stop"))
+                ctx, resp, render.finish(FINISH_REASONS.get(last.finish_reason, "stop"), ext)
             )
             if body.include_usage():
-                await self._write(ctx, resp, render.usage(last.usage))
+                await self._write(ctx, resp, render.usage(last.usage, ext))
             await self._write(ctx, resp, SSE_DONE)
             self._counters.completions += 1
         except MeridianError as err:
@@ -208,14 +258,16 @@ class Stream:
                 level=logging.WARNING,
                 request_id=ctx.request_id,
                 error=err.message,
+                migrations=stream.migrations,
             )
             with contextlib.suppress(ClientGone):
                 await self._write(ctx, resp, sse_data(err.to_openai()))
+                await self._write(ctx, resp, SSE_DONE)
         except ClientGone:
             pass
         finally:
-            upstream.cancel()
-            self._log_done(ctx, upstream, last)
+            stream.cancel()
+            self._log_done(ctx, stream, last)
         return resp
 
     async def _write(self, ctx: ChatContext, resp: web.StreamResponse, data: bytes) -> None:
@@ -257,13 +309,14 @@ class Stream:
         return resp
 
     def _log_done(
-        self, ctx: ChatContext, upstream: UpstreamStream, last: worker_pb2.GenerateChunk
+        self, ctx: ChatContext, stream: MigratingStream, last: worker_pb2.GenerateChunk
     ) -> None:
+        upstream = stream.current
         self._telemetry.record_completion(
             model=ctx.body.model if ctx.body else "",
             region=upstream.candidate.region,
             started=ctx.started,
-            first_token_at=upstream.first_token_at,
+            first_token_at=stream.first_token_at,
             last_token_at=upstream.last_token_at,
             prompt_tokens=last.usage.prompt_tokens,
             completion_tokens=last.usage.completion_tokens,
@@ -278,7 +331,8 @@ class Stream:
             worker_id=upstream.candidate.worker_id,
             region=upstream.candidate.region,
             attempts=upstream.attempts,
-            ttft_ms=round(upstream.ttft_ms, 2),
+            migrations=stream.migrations,
+            ttft_ms=round(stream.ttft_ms, 2),
             duration_ms=round((time.monotonic() - ctx.started) * 1000, 2),
             prompt_tokens=last.usage.prompt_tokens,
             completion_tokens=last.usage.completion_tokens,
@@ -286,12 +340,28 @@ class Stream:
         )
 
 
-def _route_headers(upstream: UpstreamStream) -> dict[str, str]:
-    return {
+def _route_headers(upstream: UpstreamStream, stream: MigratingStream | None) -> dict[str, str]:
+    headers = {
         "x-meridian-region": upstream.candidate.region,
         "x-meridian-worker": upstream.candidate.worker_id,
         "x-meridian-attempts": str(upstream.attempts),
     }
+    if stream is not None:
+        headers["x-meridian-migrations"] = str(stream.migrations)
+    return headers
+
+
+def _extension(stream: MigratingStream) -> dict[str, Any]:
+    """The ``meridian`` extension object of the final chunk / the completion (the chat page
+    reads it: services/edge/web/static/chat.js)."""
+    return {
+        "migrations": stream.migrations,
+        "region": stream.current.candidate.region,
+        "worker": stream.current.candidate.worker_id,
+    }
+
+
+_Migrating = Callable[[UpstreamStream], MigratingStream]
 
 
 def _fingerprint(upstream: UpstreamStream) -> str:
