@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from services.common.clock import SYSTEM_CLOCK, Clock
+from services.edge.server import EdgeConfig
 from services.netem.config import LinkProfile, Route
 from services.netem.proxy import DelayProxy
 from services.worker.sim import SimConfig, SimEngine
@@ -51,9 +52,16 @@ class Stack:
         return f"{self.edge.url}/v1"
 
 
-async def start_stack(redis_url: str, *, clock: Clock = SYSTEM_CLOCK, **sim: object) -> Stack:
+async def start_stack(
+    redis_url: str,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+    edge_config: EdgeConfig | None = None,
+    **sim: object,
+) -> Stack:
     """The stack; ``clock`` is the edge's (a ``ManualClock`` makes its TTLs, breaker and
-    limit windows move only when the test says so)."""
+    limit windows move only when the test says so); ``edge_config`` replaces the test edge's
+    default config."""
     workers: dict[str, RunningWorker] = {}
     proxies: dict[str, DelayProxy] = {}
     async with contextlib.AsyncExitStack() as started:  # a failed start stops what it started
@@ -77,7 +85,9 @@ async def start_stack(redis_url: str, *, clock: Clock = SYSTEM_CLOCK, **sim: obj
         router = await start_router([f"{p.host}:{p.port}" for p in proxies.values()])
         started.push_async_callback(router.stop)
         await router.wait_healthy(len(workers))
-        edge = await start_edge(redis_url=redis_url, router_address=router.address, clock=clock)
+        edge = await start_edge(
+            redis_url=redis_url, router_address=router.address, clock=clock, config=edge_config
+        )
         started.push_async_callback(edge.stop)
         key = await edge.new_key("acme")
         started.pop_all()  # up: from here stop_stack stops it
