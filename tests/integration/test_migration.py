@@ -101,7 +101,8 @@ async def test_a_stream_whose_worker_dies_continues_byte_identical_elsewhere(
 
     got = await broken_at(mstack, session, 20, kill)
     assert_same_stream(got, ref)
-    assert got.meridian is not None and got.meridian["migrations"] == 1
+    assert got.meridian is not None
+    assert got.meridian["migrations"] == 1
     assert got.meridian["worker"] != got.headers["x-meridian-worker"]
     assert mstack.edge.counters.migrations == 1
     # settlement counted the tokens once: what the client was told it used
@@ -122,7 +123,8 @@ async def test_a_frozen_link_is_detected_as_a_stall_and_the_stream_moves(
         for p in mstack.proxies.values():
             p.restore()
     assert_same_stream(got, ref)
-    assert got.meridian is not None and got.meridian["migrations"] == 1
+    assert got.meridian is not None
+    assert got.meridian["migrations"] == 1
 
 
 async def test_a_drained_worker_hands_its_streams_back_instead_of_ending_them(
@@ -137,7 +139,8 @@ async def test_a_drained_worker_hands_its_streams_back_instead_of_ending_them(
     got = await broken_at(mstack, session, 5, drain, seed=5, max_tokens=200)
     assert_same_stream(got, ref)
     assert got.finish_reason == "length"  # max_tokens, not the drain
-    assert got.meridian is not None and got.meridian["migrations"] == 1
+    assert got.meridian is not None
+    assert got.meridian["migrations"] == 1
 
 
 async def test_stop_strings_straddling_the_boundary_still_stop_the_stream(
@@ -147,7 +150,8 @@ async def test_stop_strings_straddling_the_boundary_still_stop_the_stream(
     # a stop string that begins a few characters before some later point of the text
     stop = ref_full.text[60:66]
     ref = await reference(mstack, session, seed=3, stop=[stop])
-    assert ref.finish_reason == "stop" and stop not in ref.text
+    assert ref.finish_reason == "stop"
+    assert stop not in ref.text
 
     async def kill(worker_id: str) -> None:
         asyncio.get_running_loop().create_task(mstack.workers[worker_id].die())
@@ -171,7 +175,8 @@ async def test_with_migration_off_a_broken_stream_ends_with_an_error_event_and_d
         got = await broken_at(stack, session, 5, kill)
     finally:
         await stop_stack(stack)
-    assert got.error is not None and "migration is off" in got.error["message"]
+    assert got.error is not None
+    assert "migration is off" in got.error["message"]
     assert got.done  # [DONE] after the error event: no client hangs
     assert got.finish_reason is None
 
