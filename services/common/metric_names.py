@@ -27,6 +27,7 @@ PLUGIN: Final = "meridian.plugin"
 FINISH: Final = "gen_ai.response.finish_reason"
 STAGE: Final = "meridian.stage"
 OUTCOME: Final = "meridian.outcome"
+TRIGGER: Final = "meridian.trigger"
 
 # --- GenAI semantic conventions (edge: as the client sees it; worker: inside the engine) ----
 TTFT: Final = "gen_ai.server.time_to_first_token"  # s
@@ -39,6 +40,8 @@ EDGE_REQUESTS: Final = "meridian.edge.requests"  # by STATUS_CODE, ERROR_TYPE
 EDGE_REJECTIONS: Final = "meridian.edge.rejections"  # by REASON (rate limits, abuse, auth)
 EDGE_ACTIVE_STREAMS: Final = "meridian.edge.active_streams"
 EDGE_FAILOVERS: Final = "meridian.edge.failovers"  # attempts beyond the first, by REGION
+EDGE_MIGRATIONS: Final = "meridian.edge.migrations"  # by TRIGGER and OUTCOME
+EDGE_MIGRATION_GAP: Final = "meridian.edge.migration.gap"  # s the client saw without a token
 EDGE_DEGRADED: Final = "meridian.edge.degraded"  # fallbacks used, by REASON
 EDGE_CONSOLE_STREAMS: Final = "meridian.edge.console.streams"  # open /console/events streams
 EDGE_CONSOLE_DROPPED: Final = "meridian.edge.console.dropped"  # for slow consoles (open ones)

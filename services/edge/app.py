@@ -21,6 +21,7 @@ from services.edge.guard import GuardConfig, IpBuckets, Lifecycle, Occupancy
 from services.edge.middleware.error_boundary import RESPONSE_HEADERS, error_boundary
 from services.edge.middleware.ip_guard import ip_guard
 from services.edge.middleware.telemetry import TRACE_ID, telemetry_middleware
+from services.edge.migration.policy import MigrationPolicy
 from services.edge.observability import EdgeTelemetry
 from services.edge.pipeline import Next, Stage, TerminalStage, build_chain, ordered_middlewares
 from services.edge.ratelimit.limiter import RateLimiter
@@ -52,6 +53,7 @@ class EdgeDeps:
     ip_buckets: IpBuckets
     site: str
     policy: FailoverPolicy
+    migration: MigrationPolicy
     guard: GuardConfig
     request_limits: RequestLimits
     telemetry: EdgeTelemetry
@@ -80,6 +82,7 @@ def chat_stages(deps: EdgeDeps) -> tuple[list[Stage], TerminalStage]:
             router=deps.router,
             workers=deps.workers,
             policy=deps.policy,
+            migration=deps.migration,
             counters=deps.counters,
             telemetry=deps.telemetry,
             keepalive_after_s=deps.keepalive_after_s,

@@ -75,6 +75,10 @@ class EdgeCounters:
     structured_output_requests: int = 0
     multi_choice_requests: int = 0
     tool_calls_returned: int = 0
+    # Mid-stream migration (services/edge/migration/): streams moved to another worker, and
+    # breaks that could not be moved (refused, a bound reached, no worker left).
+    migrations: int = 0
+    migrations_failed: int = 0
 
     def snapshot(self) -> dict[str, int]:
         return asdict(self)

@@ -24,6 +24,7 @@ from pathlib import Path
 from services.common import cli, logs, runtime, telemetry
 from services.common.logs import event
 from services.edge.guard import GuardConfig
+from services.edge.migration.policy import MigrationPolicy
 from services.edge.ratelimit.limiter import FailureMode, RateLimitConfig
 from services.edge.redisconn import parse_redis_url
 from services.edge.server import EdgeConfig, EdgeServer, connect_redis
@@ -138,6 +139,34 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--view-refresh-s", type=_positive, default=2.0)
     u.add_argument("--view-max-age-s", type=_positive, default=300.0)
     u.add_argument("--drain-grace-s", type=_positive, default=10.0)
+    m = p.add_argument_group(
+        "mid-stream migration (a stream whose worker breaks continues on another worker)"
+    )
+    m.add_argument(
+        "--migration",
+        choices=("on", "off"),
+        default="on",
+        help="off: a break after the first token ends the stream with an error event",
+    )
+    m.add_argument("--migration-max-attempts", type=_count, default=3, help="migrations per stream")
+    m.add_argument(
+        "--migration-max-tokens",
+        type=_count,
+        default=32768,
+        help="longest delivered output that is still resumed (tokens)",
+    )
+    m.add_argument(
+        "--migration-max-gap-s",
+        type=_positive,
+        default=15.0,
+        help="longest time a client waits without a token before the stream fails",
+    )
+    m.add_argument(
+        "--migration-stall-s",
+        type=_positive,
+        default=3.0,
+        help="no token for this long after the first one = a broken worker",
+    )
     w = p.add_argument_group("web pages (chat at /, fleet map at /console)")
     w.add_argument(
         "--map-place",
@@ -232,9 +261,27 @@ def config_from_args(args: argparse.Namespace) -> EdgeConfig:
         failover=FailoverPolicy(
             max_attempts=args.max_attempts, first_token_timeout_s=args.first_token_timeout_s
         ),
+        migration=_migration_policy(args),
         drain_grace_s=args.drain_grace_s,
         web=_web_config(args),
         reuse_port=args.process_count > 1,
+    )
+
+
+def _migration_policy(args: argparse.Namespace) -> MigrationPolicy:
+    """The migration flags as one policy; a contradiction between two of them is refused at
+    start-up (exit code 2), naming both flags."""
+    if args.migration_stall_s >= args.migration_max_gap_s:
+        raise ValueError(
+            f"--migration-stall-s ({args.migration_stall_s:g}) must be below "
+            f"--migration-max-gap-s ({args.migration_max_gap_s:g})"
+        )
+    return MigrationPolicy(
+        enabled=args.migration == "on",
+        max_migrations=int(args.migration_max_attempts),
+        max_resumable_tokens=int(args.migration_max_tokens),
+        max_gap_s=args.migration_max_gap_s,
+        stall_s=args.migration_stall_s,
     )
 
 

@@ -84,6 +84,16 @@ class EdgeTelemetry:
         self.failovers = meter.create_counter(
             mn.EDGE_FAILOVERS, unit="{attempt}", description="Attempts beyond the first"
         )
+        self.migrations = meter.create_counter(
+            mn.EDGE_MIGRATIONS,
+            unit="{migration}",
+            description="Mid-stream breaks by trigger and outcome (migrated, refused, ...)",
+        )
+        self.migration_gap = meter.create_histogram(
+            mn.EDGE_MIGRATION_GAP,
+            unit="s",
+            description="Time the client saw without a token across a migration",
+        )
         meter.create_observable_counter(
             "meridian.edge.events",
             callbacks=[self._observe_events],
@@ -112,6 +122,16 @@ class EdgeTelemetry:
 
     def _observe_streams(self, options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(self._active_streams())]
+
+    def record_migration(self, trigger: str, outcome: str, gap_s: float | None) -> None:
+        """One mid-stream break: how it was handled and, if moved, the client's gap."""
+        if outcome == "migrated":
+            self._counters.migrations += 1
+        elif outcome != "cancelled":
+            self._counters.migrations_failed += 1
+        self.migrations.add(1, {mn.TRIGGER: trigger, mn.OUTCOME: outcome})
+        if gap_s is not None:
+            self.migration_gap.record(gap_s, {mn.TRIGGER: trigger})
 
     def record_completion(
         self,

@@ -13,8 +13,8 @@ from meridian.v1 import worker_pb2
 FINISH_REASONS = {
     worker_pb2.FINISH_REASON_STOP: "stop",
     worker_pb2.FINISH_REASON_LENGTH: "length",
-    # An aborted generation (worker drain) ends like a truncated one for the client.
-    worker_pb2.FINISH_REASON_ABORT: "length",
+    # FINISH_REASON_ABORT never reaches a client: the migration driver moves a handed-back
+    # stream to another worker or ends it with an error event (services/edge/migration/).
     worker_pb2.FINISH_REASON_TOOL_CALLS: "tool_calls",
 }
 
@@ -102,11 +102,26 @@ class ChunkRenderer:
             return None
         return self._content_head + json.dumps(chunk.text).encode() + self._content_tail
 
-    def finish(self, reason: str, index: int = 0) -> bytes:
-        return self._chunk({}, reason, index=index)
+    def finish(self, reason: str, index: int = 0, extension: dict[str, Any] | None = None) -> bytes:
+        """The chunk with choice ``index``'s finish reason; ``extension`` goes in a
+        ``meridian`` object (migrations, final region and worker), which OpenAI's SDKs keep as
+        an extra field."""
+        if extension is None:
+            return self._chunk({}, reason, index=index)
+        body: dict[str, Any] = {
+            **self._head,
+            "choices": [{"index": index, "delta": {}, "logprobs": None, "finish_reason": reason}],
+        }
+        if self._usage:
+            body["usage"] = None
+        body["meridian"] = extension
+        return sse_data(body)
 
-    def usage(self, usage: worker_pb2.Usage) -> bytes:
-        return sse_data({**self._head, "choices": [], "usage": usage_dict(usage)})
+    def usage(self, usage: worker_pb2.Usage, extension: dict[str, Any] | None = None) -> bytes:
+        body: dict[str, Any] = {**self._head, "choices": [], "usage": usage_dict(usage)}
+        if extension is not None:
+            body["meridian"] = extension
+        return sse_data(body)
 
 
 def tool_deltas(calls: Any) -> list[dict[str, Any]]:
@@ -206,10 +221,11 @@ def completion_body(
     usage: worker_pb2.Usage,
     logprobs: list[worker_pb2.TokenLogprob] | None,
     choices: list[dict[str, Any]] | None = None,
+    extension: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One ``chat.completion``: a single choice from ``text``/``finish``/``logprobs``, or
-    ``choices`` as :class:`ChoiceAssembler` renders them."""
-    return {
+    ``choices`` as :class:`ChoiceAssembler` renders them; ``extension`` in ``meridian``."""
+    body: dict[str, Any] = {
         "id": completion_id,
         "object": "chat.completion",
         "created": created,
@@ -227,3 +243,6 @@ def completion_body(
         ],
         "usage": usage_dict(usage),
     }
+    if extension is not None:
+        body["meridian"] = extension
+    return body

@@ -26,6 +26,7 @@ from services.edge.app import EdgeDeps, build_app
 from services.edge.breaker import Breaker
 from services.edge.counters import EdgeCounters
 from services.edge.guard import GuardConfig, IpBuckets, Lifecycle, Occupancy
+from services.edge.migration.policy import MigrationPolicy
 from services.edge.observability import EdgeTelemetry
 from services.edge.protocol import Listener
 from services.edge.ratelimit.limiter import FailureMode, RateLimitConfig, RateLimiter
@@ -71,6 +72,8 @@ class EdgeConfig:
     ratelimit: RateLimitConfig = field(default_factory=RateLimitConfig)
     view: ViewConfig = field(default_factory=ViewConfig)
     failover: FailoverPolicy = field(default_factory=FailoverPolicy)
+    #: Mid-stream migration (services/edge/migration/): on, bounded, by default.
+    migration: MigrationPolicy = field(default_factory=MigrationPolicy)
     keepalive_after_s: float = 3.0
     drain_grace_s: float = 10.0
     #: Listen with SO_REUSEPORT: one of several edge processes on one port
@@ -169,6 +172,7 @@ class EdgeServer:
             ip_buckets=IpBuckets(rate=guard.ip_requests_per_s, burst=guard.ip_burst, clock=clock),
             site=config.site,
             policy=config.failover,
+            migration=config.migration,
             guard=guard,
             request_limits=config.request_limits,
             keepalive_after_s=config.keepalive_after_s,

@@ -21,6 +21,7 @@ from services.worker.engine import (
     ModelDescription,
     ModelState,
     ResponseFormat,
+    ResumeInput,
     SamplingOptions,
     ToolCall,
     ToolChoice,
@@ -169,9 +170,7 @@ def request_from_pb(pb: worker_pb2.GenerateRequest) -> EngineRequest:
                 f"messages[{i}].content is longer than {limits.MAX_CONTENT_CHARS} characters",
                 param=f"messages[{i}].content",
             )
-        calls = tuple(
-            ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in m.tool_calls
-        )
+        calls = tuple(ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in m.tool_calls)
         if calls and m.role != "assistant":
             raise InvalidRequest(
                 f"messages[{i}].tool_calls is only allowed on assistant messages",
@@ -187,11 +186,12 @@ def request_from_pb(pb: worker_pb2.GenerateRequest) -> EngineRequest:
             )
         )
     tools = tools_from_pb(pb)
+    sampling = sampling_from_pb(pb.sampling)
     return EngineRequest(
         request_id=pb.request_id,
         model=pb.model,
         messages=tuple(turns),
-        sampling=sampling_from_pb(pb.sampling),
+        sampling=sampling,
         priority=pb.priority,
         tools=tools,
         tool_choice=tool_choice_from_pb(pb.tool_choice, tools),
@@ -199,6 +199,7 @@ def request_from_pb(pb: worker_pb2.GenerateRequest) -> EngineRequest:
             pb.parallel_tool_calls if pb.HasField("parallel_tool_calls") else True
         ),
         response_format=response_format_from_pb(pb.response_format),
+        resume=resume_from_pb(pb, sampling) if pb.HasField("resume") else None,
     )
 
 
@@ -229,9 +230,7 @@ def tools_from_pb(pb: worker_pb2.GenerateRequest) -> tuple[ToolSpec, ...]:
         seen.add(fn.name)
         params = from_struct(fn.parameters) if fn.HasField("parameters") else None
         out.append(
-            ToolSpec(
-                name=fn.name, description=fn.description, parameters=params, strict=fn.strict
-            )
+            ToolSpec(name=fn.name, description=fn.description, parameters=params, strict=fn.strict)
         )
     return tuple(out)
 
@@ -241,9 +240,7 @@ def tool_choice_from_pb(pb: worker_pb2.ToolChoice, tools: tuple[ToolSpec, ...]) 
     if mode is None:
         raise InvalidRequest("tool_choice has an unknown mode", param="tool_choice")
     if mode in ("required", "function") and not tools:
-        raise InvalidRequest(
-            f"tool_choice {mode!r} needs tools", param="tool_choice"
-        )
+        raise InvalidRequest(f"tool_choice {mode!r} needs tools", param="tool_choice")
     if mode == "function" and pb.function_name not in {t.name for t in tools}:
         raise InvalidRequest(
             f"tool_choice names function {pb.function_name!r}, which is not in tools",
@@ -267,8 +264,51 @@ def response_format_from_pb(pb: worker_pb2.ResponseFormat) -> ResponseFormat:
     )
 
 
+#: The longest delivered-text tail a continuing worker accepts (stop strings are shorter).
+MAX_RESUME_TAIL_CHARS = 256
+
+
+def resume_from_pb(pb: worker_pb2.GenerateRequest, sampling: SamplingOptions) -> ResumeInput:
+    """Validate a migrated stream's resume state (it comes over the network, like the rest)."""
+    r = pb.resume
+    ids = tuple(r.delivered_token_ids)
+    if not ids:
+        raise InvalidRequest(
+            "resume.delivered_token_ids must not be empty", param="resume.delivered_token_ids"
+        )
+    ceiling = sampling.max_tokens if sampling.max_tokens is not None else limits.MAX_TOKENS_CEILING
+    if len(ids) >= ceiling:
+        raise InvalidRequest(
+            f"resume.delivered_token_ids has {len(ids)} tokens; nothing is left to generate "
+            f"under max_tokens {ceiling}",
+            param="resume.delivered_token_ids",
+        )
+    if len(r.delivered_text_tail) > MAX_RESUME_TAIL_CHARS:
+        raise InvalidRequest(
+            f"resume.delivered_text_tail is longer than {MAX_RESUME_TAIL_CHARS} characters",
+            param="resume.delivered_text_tail",
+        )
+    if len(r.delivered_text_tail) > r.delivered_text_chars:
+        raise InvalidRequest(
+            "resume.delivered_text_tail is longer than resume.delivered_text_chars",
+            param="resume.delivered_text_tail",
+        )
+    if len(r.origin_request_id) > limits.MAX_REQUEST_ID_CHARS:
+        raise InvalidRequest(
+            f"resume.origin_request_id must be at most {limits.MAX_REQUEST_ID_CHARS} characters",
+            param="resume.origin_request_id",
+        )
+    return ResumeInput(
+        delivered_token_ids=ids,
+        delivered_text_chars=r.delivered_text_chars,
+        delivered_text_tail=r.delivered_text_tail,
+        origin_request_id=r.origin_request_id,
+        migrations=r.migrations,
+    )
+
+
 def chunk_to_pb(out: EngineOutput) -> worker_pb2.GenerateChunk:
-    chunk = worker_pb2.GenerateChunk(text=out.text, token_ids=out.token_ids)
+    chunk = worker_pb2.GenerateChunk(text=out.text, token_ids=out.token_ids, handoff=out.handoff)
     chunk.usage.prompt_tokens = out.prompt_tokens
     chunk.usage.completion_tokens = out.completion_tokens
     chunk.usage.cached_prompt_tokens = out.cached_prompt_tokens

@@ -127,6 +127,25 @@ class SamplingOptions:
 
 
 @dataclass(frozen=True, slots=True)
+class ResumeInput:
+    """A stream continued from another worker (mid-stream migration): run the request as if
+    it had already produced ``delivered_token_ids``, and stream only what follows.
+
+    ``delivered_text_chars`` of those tokens' text reached the client (engines hold back a
+    possible stop-string start, so the rest is sent first); ``delivered_text_tail`` is the
+    end of that text, to match stop strings that straddle the boundary; randomness derived
+    from a request id comes from ``origin_request_id``. Usage stays the original request's:
+    prompt tokens are the prompt's, completion tokens include the delivered ones.
+    """
+
+    delivered_token_ids: tuple[int, ...]
+    delivered_text_chars: int
+    delivered_text_tail: str = ""
+    origin_request_id: str = ""
+    migrations: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class EngineRequest:
     request_id: str
     model: str
@@ -137,6 +156,15 @@ class EngineRequest:
     tool_choice: ToolChoice = ToolChoice()
     parallel_tool_calls: bool = True
     response_format: ResponseFormat = ResponseFormat()
+    resume: ResumeInput | None = None
+
+    @property
+    def seed_id(self) -> str:
+        """The request id per-request randomness is derived from: the origin attempt's when
+        this request continues a migrated stream."""
+        if self.resume is not None and self.resume.origin_request_id:
+            return self.resume.origin_request_id
+        return self.request_id
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,6 +189,9 @@ class EngineOutput:
     decode_ms: float | None = None
     logprobs: tuple[TokenLogprob, ...] = ()
     tool_calls: tuple[ToolCallDelta, ...] = ()
+    # The last output of a stream handed back unfinished (drain past grace, engine shutdown):
+    # the caller continues it elsewhere (finish_reason is ABORT).
+    handoff: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,7 +4,8 @@
 Lifecycle: the server listens while the engine loads (models report LOADING and health is
 NOT_SERVING, so the router sends nothing); ``drain()`` stops new work (UNAVAILABLE), marks
 models DRAINING in load reports at once, lets in-flight streams finish within a grace period and
-then aborts the rest in the engine.
+then hands the rest back: the engine aborts them and each stream's last chunk says ``handoff``,
+so the edge continues it on another worker (mid-stream migration) instead of ending it.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ from services.common.tracecontext import extract_metadata
 from services.worker import convert
 from services.worker.admissions import AdmissionLog
 from services.worker.choices import UsageTotals, choice_requests, interleave
-from services.worker.engine import Engine, EngineOutput, ModelState
+from services.worker.engine import Engine, EngineOutput, FinishReason, ModelState
 from services.worker.observability import WorkerTelemetry
 
 log = logging.getLogger("meridian.worker")
@@ -174,6 +175,14 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                                     "meridian.prefill_ms": out.prefill_ms or 0.0,
                                 },
                             )
+                    if out.finish_reason is FinishReason.ABORT:
+                        # Nobody here cancelled it (a cancelled call is not read): the drain's
+                        # grace ended or the engine is shutting down. Hand the stream back so
+                        # the edge continues it on another worker instead of ending it.
+                        out.handoff = True
+                        span.add_event(
+                            "handoff", {"gen_ai.usage.output_tokens": out.completion_tokens}
+                        )
                     if out.finish_reason is not None:
                         finish = out.finish_reason.value
                     chunk = convert.chunk_to_pb(out)
@@ -283,9 +292,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         return report
 
     async def drain(self, grace_s: float) -> int:
-        """Stop taking work, wait up to ``grace_s`` for in-flight streams, abort the rest.
+        """Stop taking work, wait up to ``grace_s`` for in-flight streams, hand the rest back
+        (engine abort → a last chunk with ``handoff``, which the edge migrates).
 
-        Returns how many requests had to be aborted.
+        Returns how many requests were handed back.
         """
         self._draining = True
         self.notify_state_change()

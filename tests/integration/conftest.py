@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pytest
 
 from services.common.clock import SYSTEM_CLOCK, Clock
+from services.edge.server import EdgeConfig
 from services.netem.config import LinkProfile, Route
 from services.netem.proxy import DelayProxy
 from services.worker.sim import SimConfig, SimEngine
@@ -56,12 +57,14 @@ async def start_stack(
     *,
     clock: Clock = SYSTEM_CLOCK,
     stale_after_s: float = 0.5,
+    edge_config: EdgeConfig | None = None,
     **sim: object,
 ) -> Stack:
     """The stack; ``clock`` is the edge's (a ``ManualClock`` makes its TTLs, breaker and
-    limit windows move only when the test says so). ``stale_after_s`` is the router's
-    load-report staleness limit: tests about something else (Redis failover) raise it, since
-    one event loop runs every service and a loaded machine can hold it up for a second."""
+    limit windows move only when the test says so); ``edge_config`` replaces the test edge's
+    default config. ``stale_after_s`` is the router's load-report staleness limit: tests
+    about something else (Redis failover) raise it, since one event loop runs every service
+    and a loaded machine can hold it up for a second."""
     workers: dict[str, RunningWorker] = {}
     proxies: dict[str, DelayProxy] = {}
     async with contextlib.AsyncExitStack() as started:  # a failed start stops what it started
@@ -87,7 +90,9 @@ async def start_stack(
         )
         started.push_async_callback(router.stop)
         await router.wait_healthy(len(workers))
-        edge = await start_edge(redis_url=redis_url, router_address=router.address, clock=clock)
+        edge = await start_edge(
+            redis_url=redis_url, router_address=router.address, clock=clock, config=edge_config
+        )
         started.push_async_callback(edge.stop)
         key = await edge.new_key("acme")
         started.pop_all()  # up: from here stop_stack stops it

@@ -71,14 +71,16 @@ async def test_auto_tool_choice_returns_calls_that_validate(stack: Stack) -> Non
 
 
 async def test_streamed_tool_calls_are_assembled_by_the_sdk(stack: Stack) -> None:
-    async with client(stack) as api:
-        async with api.chat.completions.stream(
+    async with (
+        client(stack) as api,
+        api.chat.completions.stream(
             model=MODEL,
             messages=user("call get_time and get_weather"),
             tools=TOOLS,
-        ) as stream:
-            events = [event async for event in stream]
-            final = await stream.get_final_completion()
+        ) as stream,
+    ):
+        events = [event async for event in stream]
+        final = await stream.get_final_completion()
     calls = final.choices[0].message.tool_calls
     assert calls is not None
     assert [c.function.name for c in calls] == ["get_time", "get_weather"]  # type: ignore[union-attr]
@@ -91,8 +93,9 @@ async def test_streamed_tool_calls_are_assembled_by_the_sdk(stack: Stack) -> Non
 
 
 async def test_streamed_deltas_have_openais_incremental_shape(stack: Stack) -> None:
-    async with aiohttp.ClientSession() as http:
-        async with http.post(
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
             f"{stack.base_url}/chat/completions",
             headers={"Authorization": f"Bearer {stack.key}"},
             json={
@@ -103,8 +106,9 @@ async def test_streamed_deltas_have_openais_incremental_shape(stack: Stack) -> N
                 "parallel_tool_calls": False,
                 "stream": True,
             },
-        ) as resp:
-            raw = (await resp.read()).decode()
+        ) as resp,
+    ):
+        raw = (await resp.read()).decode()
     frames = [line[6:] for line in raw.split("\n") if line.startswith("data: ")]
     assert frames[-1] == "[DONE]"
     deltas = [
@@ -246,9 +250,7 @@ async def test_n_with_tools_gives_every_choice_its_calls(stack: Stack) -> None:
                     *user("a"),
                     {
                         "role": "assistant",
-                        "tool_calls": [
-                            {"id": "c1", "type": "function", "function": {"name": "f"}}
-                        ],
+                        "tool_calls": [{"id": "c1", "type": "function", "function": {"name": "f"}}],
                     },
                     {"role": "tool", "tool_call_id": "c1", "content": "ok"},
                     {"role": "tool", "tool_call_id": "c2", "content": "??"},

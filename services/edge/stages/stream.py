@@ -4,7 +4,13 @@ client, as SSE chunks or as one ``chat.completion`` object.
 Streaming: HTTP headers are committed when the first token arrives, so anything that fails
 before that is a proper HTTP error. If the first token takes longer than
 ``keepalive_after_s``, headers are committed early and SSE comments keep the connection alive;
-a failure after that point is sent as an SSE ``error`` payload, which the OpenAI SDK raises.
+a failure after that point is sent as an SSE ``error`` payload (then ``[DONE]``), which the
+OpenAI SDK raises.
+
+Mid-stream breaks (the worker dies, stalls, drains) are not failures yet: the chunks come
+through :class:`~services.edge.migration.driver.MigratingStream`, which moves the stream to
+another worker and continues it; the final chunk (and a non-streamed completion) carries
+``"meridian": {"migrations": N, "region": ..., "worker": ...}``.
 
 Client disconnect: aiohttp cancels this handler (``handler_cancellation=True``); the ``finally``
 cancels the worker call, which aborts the generation in the engine, and the admit stage settles
@@ -17,8 +23,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import time
+from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 from opentelemetry import trace
@@ -28,6 +37,9 @@ from services.common.errors import MeridianError
 from services.common.logs import event
 from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
+from services.edge.migration.driver import MigratingStream
+from services.edge.migration.policy import MigrationPolicy
+from services.edge.migration.refusal import migration_refusal
 from services.edge.observability import EdgeTelemetry
 from services.edge.openai_types import ChatCompletionRequest, now_s
 from services.edge.render import (
@@ -71,6 +83,7 @@ class Stream:
         workers: WorkerPool,
         policy: FailoverPolicy,
         counters: EdgeCounters,
+        migration: MigrationPolicy | None = None,
         telemetry: EdgeTelemetry | None = None,
         keepalive_after_s: float = 3.0,
         keepalive_every_s: float = 10.0,
@@ -79,17 +92,48 @@ class Stream:
         self._router = router
         self._workers = workers
         self._policy = policy
+        self._migration = migration or MigrationPolicy()
+        # A migratable stream is watched for stalls at the migration threshold, not at the
+        # (much longer) idle limit that ends an unmigratable one.
+        self._stall_policy = dataclasses.replace(
+            policy,
+            stream_idle_timeout_s=min(policy.stream_idle_timeout_s, self._migration.stall_s),
+        )
         self._counters = counters
         self._telemetry = telemetry or EdgeTelemetry(counters=counters, active_streams=lambda: 0)
         self._keepalive_after_s = keepalive_after_s
         self._keepalive_every_s = keepalive_every_s
         self._write_timeout_s = write_timeout_s
 
+    #: The structured log line of a finished request, and its GenAI operation name.
+    done_event = "chat.completed"
+    operation = "chat"
+
     async def __call__(self, ctx: ChatContext) -> web.StreamResponse:
         assert ctx.body is not None and ctx.route is not None and ctx.reroute is not None
 
         def generate(request_id: str, decision_id: str) -> worker_pb2.GenerateRequest:
             return protos.generate_request(ctx, request_id=request_id, decision_id=decision_id)
+
+        refusal = migration_refusal(ctx.body)
+        migratable = self._migration.enabled and refusal is None
+        policy = self._stall_policy if migratable else self._policy
+        reroute = ctx.reroute
+
+        def migrating(first: UpstreamStream) -> MigratingStream:
+            return MigratingStream(
+                first=first,
+                request_id=ctx.request_id,
+                refusal=refusal,
+                policy=self._migration,
+                failover=policy,
+                reroute=reroute,
+                outcomes=self._router,
+                workers=self._workers,
+                generate=generate,
+                record=self._telemetry.record_migration,
+                tracer=self._telemetry.tracer,
+            )
 
         opening = asyncio.ensure_future(
             open_stream(
@@ -99,7 +143,7 @@ class Stream:
                 workers=self._workers,
                 request_id=ctx.request_id,
                 generate=generate,
-                policy=self._policy,
+                policy=policy,
                 tracer=self._telemetry.tracer,
                 choices=ctx.body.choices(),
             )
@@ -107,8 +151,8 @@ class Stream:
         self._note_features(ctx.body)
         try:
             if ctx.body.stream:
-                return await self._stream(ctx, ctx.body, opening)
-            return await self._complete(ctx, ctx.body, opening)
+                return await self._stream(ctx, ctx.body, opening, migrating)
+            return await self._complete(ctx, ctx.body, opening, migrating)
         except asyncio.CancelledError:
             self._counters.client_disconnects += 1
             raise
@@ -146,74 +190,85 @@ class Stream:
         ctx: ChatContext,
         body: ChatCompletionRequest,
         opening: asyncio.Future[UpstreamStream],
+        migrating: _Migrating,
     ) -> web.StreamResponse:
         if body.tools or body.choices() > 1:
-            return await self._complete_choices(ctx, body, opening)
-        upstream = await opening
+            return await self._complete_choices(ctx, body, opening, migrating)
+        stream = migrating(await opening)
         text: list[str] = []
         logprobs: list[worker_pb2.TokenLogprob] | None = [] if body.logprobs else None
-        last = upstream.first
+        last = stream.current.first
         try:
-            async for chunk in upstream.chunks():
-                _track_usage(ctx, chunk)
-                text.append(chunk.text)
-                if logprobs is not None:
-                    logprobs.extend(chunk.logprobs)
-                last = chunk
+            async with contextlib.aclosing(stream.chunks()) as chunks:
+                async for chunk in chunks:
+                    _track_usage(ctx, chunk)
+                    text.append(chunk.text)
+                    if logprobs is not None:
+                        logprobs.extend(chunk.logprobs)
+                    last = chunk
         finally:
-            upstream.cancel()
-        self._log_done(ctx, upstream, last)
+            stream.cancel()
+        self._log_done(ctx, stream, last)
         self._counters.completions += 1
         payload = completion_body(
             completion_id=ctx.request_id,
             model=body.model,
             created=now_s(),
-            fingerprint=_fingerprint(upstream),
+            fingerprint=_fingerprint(stream.current),
             text="".join(text),
             finish=FINISH_REASONS.get(last.finish_reason, "stop"),
             usage=last.usage,
             logprobs=logprobs,
+            extension=_extension(stream),
         )
-        return web.json_response(payload, headers={**ctx.headers, **_route_headers(upstream)})
+        return web.json_response(
+            payload, headers={**ctx.headers, **_route_headers(stream.current, stream)}
+        )
 
     async def _complete_choices(
         self,
         ctx: ChatContext,
         body: ChatCompletionRequest,
         opening: asyncio.Future[UpstreamStream],
+        migrating: _Migrating,
     ) -> web.StreamResponse:
         """A completion with several choices or tool calls (ChoiceAssembler joins them)."""
-        upstream = await opening
+        stream = migrating(await opening)
         choices = ChoiceAssembler(choices=body.choices(), logprobs=bool(body.logprobs))
-        last = upstream.first
+        last = stream.current.first
         try:
-            async for chunk in upstream.chunks():
-                _track_usage(ctx, chunk)
-                choices.add(chunk)
-                last = chunk
+            async with contextlib.aclosing(stream.chunks()) as chunks:
+                async for chunk in chunks:
+                    _track_usage(ctx, chunk)
+                    choices.add(chunk)
+                    last = chunk
         finally:
-            upstream.cancel()
-        self._log_done(ctx, upstream, last, tool_calls=choices.tool_calls())
+            stream.cancel()
+        self._log_done(ctx, stream, last, tool_calls=choices.tool_calls())
         self._note_tool_calls(choices.tool_calls())
         self._counters.completions += 1
         payload = completion_body(
             completion_id=ctx.request_id,
             model=body.model,
             created=now_s(),
-            fingerprint=_fingerprint(upstream),
+            fingerprint=_fingerprint(stream.current),
             text="",
             finish="stop",
             usage=last.usage,
             logprobs=None,
             choices=choices.choices(),
+            extension=_extension(stream),
         )
-        return web.json_response(payload, headers={**ctx.headers, **_route_headers(upstream)})
+        return web.json_response(
+            payload, headers={**ctx.headers, **_route_headers(stream.current, stream)}
+        )
 
     async def _stream(
         self,
         ctx: ChatContext,
         body: ChatCompletionRequest,
         opening: asyncio.Future[UpstreamStream],
+        migrating: _Migrating,
     ) -> web.StreamResponse:
         done, _ = await asyncio.wait({opening}, timeout=self._keepalive_after_s)
         resp: web.StreamResponse | None = None
@@ -233,12 +288,14 @@ class Stream:
                     raise
                 self._counters.stream_errors += 1
                 await self._write(ctx, resp, sse_data(err.to_openai()))
+                await self._write(ctx, resp, SSE_DONE)
                 return resp
             if resp is None:
-                resp = await self._start_sse(ctx, _route_headers(upstream))
+                resp = await self._start_sse(ctx, _route_headers(upstream, None))
         except ClientGone:
             assert resp is not None
             return resp
+        stream = migrating(upstream)
         render = ChunkRenderer(
             completion_id=ctx.request_id,
             model=body.model,
@@ -248,22 +305,33 @@ class Stream:
         )
         last = upstream.first
         tool_calls = 0
+        finished = 0
         try:
             for index in range(body.choices()):
                 await self._write(ctx, resp, render.role(index))
-            async for chunk in upstream.chunks():
-                last = chunk
-                _track_usage(ctx, chunk)
-                data = render.content(chunk)
-                if data is not None:
-                    await self._write(ctx, resp, data)
-                if chunk.tool_calls:
-                    tool_calls += sum(1 for c in chunk.tool_calls if c.id)
-                if chunk.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:
-                    reason = FINISH_REASONS.get(chunk.finish_reason, "stop")
-                    await self._write(ctx, resp, render.finish(reason, chunk.index))
+            async with contextlib.aclosing(stream.chunks()) as chunks:
+                async for chunk in chunks:
+                    last = chunk
+                    _track_usage(ctx, chunk)
+                    data = render.content(chunk)
+                    if data is not None:
+                        await self._write(ctx, resp, data)
+                    if chunk.tool_calls:
+                        tool_calls += sum(1 for c in chunk.tool_calls if c.id)
+                    if chunk.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:
+                        # Each choice's own finish chunk, as it ends (n > 1 interleaves them);
+                        # the migration extension rides on each (final by then).
+                        finished += 1
+                        reason = FINISH_REASONS.get(chunk.finish_reason, "stop")
+                        await self._write(
+                            ctx, resp, render.finish(reason, chunk.index, _extension(stream))
+                        )
+            ext = _extension(stream)
+            if not finished:
+                reason = FINISH_REASONS.get(last.finish_reason, "stop")
+                await self._write(ctx, resp, render.finish(reason, 0, ext))
             if body.include_usage():
-                await self._write(ctx, resp, render.usage(last.usage))
+                await self._write(ctx, resp, render.usage(last.usage, ext))
             await self._write(ctx, resp, SSE_DONE)
             self._counters.completions += 1
         except MeridianError as err:
@@ -274,14 +342,16 @@ class Stream:
                 level=logging.WARNING,
                 request_id=ctx.request_id,
                 error=err.message,
+                migrations=stream.migrations,
             )
             with contextlib.suppress(ClientGone):
                 await self._write(ctx, resp, sse_data(err.to_openai()))
+                await self._write(ctx, resp, SSE_DONE)
         except ClientGone:
             pass
         finally:
-            upstream.cancel()
-            self._log_done(ctx, upstream, last, tool_calls=tool_calls)
+            stream.cancel()
+            self._log_done(ctx, stream, last, tool_calls=tool_calls)
             self._note_tool_calls(tool_calls)
         return resp
 
@@ -326,16 +396,18 @@ class Stream:
     def _log_done(
         self,
         ctx: ChatContext,
-        upstream: UpstreamStream,
+        stream: MigratingStream,
         last: worker_pb2.GenerateChunk,
         *,
         tool_calls: int = 0,
     ) -> None:
+        upstream = stream.current
         self._telemetry.record_completion(
-            model=ctx.body.model if ctx.body else "",
+            model=ctx.model or (ctx.body.model if ctx.body else ""),
+            operation=self.operation,
             region=upstream.candidate.region,
             started=ctx.started,
-            first_token_at=upstream.first_token_at,
+            first_token_at=stream.first_token_at,
             last_token_at=upstream.last_token_at,
             prompt_tokens=last.usage.prompt_tokens,
             completion_tokens=last.usage.completion_tokens,
@@ -343,14 +415,15 @@ class Stream:
         )
         event(
             log,
-            "chat.completed",
+            self.done_event,
             request_id=ctx.request_id,
             tenant=ctx.principal.tenant.tenant_id if ctx.principal else "",
             key_id=ctx.principal.key.key_id if ctx.principal else "",
             worker_id=upstream.candidate.worker_id,
             region=upstream.candidate.region,
             attempts=upstream.attempts,
-            ttft_ms=round(upstream.ttft_ms, 2),
+            migrations=stream.migrations,
+            ttft_ms=round(stream.ttft_ms, 2),
             duration_ms=round((time.monotonic() - ctx.started) * 1000, 2),
             prompt_tokens=last.usage.prompt_tokens,
             completion_tokens=last.usage.completion_tokens,
@@ -371,12 +444,28 @@ def _feature_fields(body: ChatCompletionRequest | None, tool_calls: int) -> dict
     }
 
 
-def _route_headers(upstream: UpstreamStream) -> dict[str, str]:
-    return {
+def _route_headers(upstream: UpstreamStream, stream: MigratingStream | None) -> dict[str, str]:
+    headers = {
         "x-meridian-region": upstream.candidate.region,
         "x-meridian-worker": upstream.candidate.worker_id,
         "x-meridian-attempts": str(upstream.attempts),
     }
+    if stream is not None:
+        headers["x-meridian-migrations"] = str(stream.migrations)
+    return headers
+
+
+def _extension(stream: MigratingStream) -> dict[str, Any]:
+    """The ``meridian`` extension object of the final chunk / the completion (the chat page
+    reads it: services/edge/web/static/chat.js)."""
+    return {
+        "migrations": stream.migrations,
+        "region": stream.current.candidate.region,
+        "worker": stream.current.candidate.worker_id,
+    }
+
+
+_Migrating = Callable[[UpstreamStream], MigratingStream]
 
 
 def _fingerprint(upstream: UpstreamStream) -> str:

@@ -5,7 +5,8 @@ token* (connection refused, draining, overloaded, crashed, too slow to start) co
 nothing: the next candidate is tried, and when the list runs out the router is asked once more
 (``reroute``) with the tried workers excluded. Errors that no other worker would fix (a bad
 request) end the attempt at once. After the first token the stream belongs to that worker;
-a failure then is reported to the client as a stream error.
+a failure then is the migration driver's (services/edge/migration/driver.py): it moves the
+stream to another worker, or reports the failure to the client as a stream error.
 
 Every attempt's outcome is reported to the router (fire and forget, batched by the router
 client): it releases the request's in-flight slot at once (short requests would otherwise count
@@ -71,6 +72,7 @@ class UpstreamStream:
         *,
         call: GenerateCall,
         first: worker_pb2.GenerateChunk,
+        request_id: str,
         candidate: router_pb2.Candidate,
         decision_id: str,
         attempts: int,
@@ -85,6 +87,8 @@ class UpstreamStream:
         self._finished = 0
         self._span = span
         self.first = first
+        #: This attempt's request id (the worker's engine request id).
+        self.request_id = request_id
         self.candidate = candidate
         self.decision_id = decision_id
         self.attempts = attempts
@@ -232,6 +236,7 @@ async def open_stream(
                     cand=cand,
                     decision_id=route.decision_id,
                     generate=generate(attempt_id, route.decision_id),
+                    request_id=attempt_id,
                     policy=policy,
                     attempts=len(tried),
                     started=started,
@@ -274,6 +279,7 @@ async def _attempt(
     cand: router_pb2.Candidate,
     decision_id: str,
     generate: worker_pb2.GenerateRequest,
+    request_id: str,
     policy: FailoverPolicy,
     attempts: int,
     started: float,
@@ -311,6 +317,7 @@ async def _attempt(
         return UpstreamStream(
             call=call,
             first=first,
+            request_id=request_id,
             candidate=cand,
             decision_id=decision_id,
             attempts=attempts,

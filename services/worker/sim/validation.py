@@ -28,11 +28,11 @@ from __future__ import annotations
 import random
 
 from services.common.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
-from services.worker.engine import EngineRequest, SamplingOptions
+from services.worker.engine import EngineRequest, ResumeInput, SamplingOptions
 from services.worker.sim.config import SimConfig
 from services.worker.sim.script import build_script, needs_script
 from services.worker.sim.sequence import SimSequence
-from services.worker.sim.text import TextGenerator, render_chat, seed_for, tokenize
+from services.worker.sim.text import TextGenerator, render_chat, seed_for, token_id, tokenize
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 MAX_TOP_LOGPROBS = 20
@@ -113,7 +113,7 @@ def build_sequence(
     elif sampling.seed is not None:
         seed = seed_for("seed", sampling.seed, prompt_text)
     else:
-        seed = seed_for("request", request.request_id)
+        seed = seed_for("request", request.seed_id)
     script = build_script(request, seed) if needs_script(request) else None
     natural_len = None
     if script is not None:
@@ -122,7 +122,7 @@ def build_sequence(
         natural_len = random.Random(seed_for("length", seed)).randint(
             config.output_len_min, config.output_len_max
         )
-    return SimSequence(
+    seq = SimSequence(
         request_id=request.request_id,
         priority=request.priority,
         arrival=arrival,
@@ -139,3 +139,41 @@ def build_sequence(
         min_tokens=sampling.min_tokens or 0,
         stop_token_ids=frozenset(sampling.stop_token_ids),
     )
+    if request.resume is not None:
+        resume_sequence(seq, request.resume)
+    return seq
+
+
+def resume_sequence(seq: SimSequence, resume: ResumeInput) -> None:
+    """Put ``seq`` where the migrated stream left off: its generator replayed over the
+    delivered tokens (text is a function of seed and position, so the continuation is
+    byte-identical to an uninterrupted stream), those tokens counted as generated (usage,
+    ``max_tokens``), and the text the client has not seen yet (held back for a possible stop
+    string) queued to be sent first. Tokens that are not this seed's sequence are refused:
+    they would make the continuation silently wrong."""
+    pieces: list[str] = []
+    for i, tid in enumerate(resume.delivered_token_ids):
+        piece = seq.generator.next_piece()
+        if seq.logprobs:
+            seq.generator.logprobs(piece, seq.top_logprobs)  # keep the logprob stream aligned
+        if token_id(piece) != tid:
+            raise InvalidRequest(
+                f"resume.delivered_token_ids[{i}] does not continue this request's output",
+                param="resume.delivered_token_ids",
+            )
+        pieces.append(piece)
+    if seq.natural_len is not None and len(pieces) >= seq.natural_len:
+        raise InvalidRequest(
+            "resume.delivered_token_ids already reach this request's end",
+            param="resume.delivered_token_ids",
+        )
+    text = "".join(pieces)
+    sent = resume.delivered_text_chars
+    if sent > len(text) or not text[:sent].endswith(resume.delivered_text_tail):
+        raise InvalidRequest(
+            "resume.delivered_text_tail is not the delivered tokens' text",
+            param="resume.delivered_text_tail",
+        )
+    seq.output_ids = list(resume.delivered_token_ids)
+    seq.text = text
+    seq.emitted = sent

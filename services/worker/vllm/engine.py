@@ -58,17 +58,20 @@ from services.worker.engine import (
     EngineLoad,
     EngineOutput,
     EngineRequest,
+    FinishReason,
     ModelDescription,
     ModelState,
     SamplingOptions,
 )
 from services.worker.gpu import GpuMonitor
+from services.worker.resume_text import ContinuedText
 from services.worker.vllm.config import VllmConfig
 from services.worker.vllm.features import FeatureRequest, load_parser, needs_features, schema_error
 from services.worker.vllm.load_window import LoadWindow
 from services.worker.vllm.output import OutputAssembler
 from services.worker.vllm.prompt import render_prompt
 from services.worker.vllm.request import check_messages, check_sampling, completion_budget
+from services.worker.vllm.resume import pending_text, rebased_budget
 from services.worker.vllm.stats import StatLoggerFactory, window_stat_logger
 
 log = logging.getLogger(__name__)
@@ -285,8 +288,25 @@ class VllmEngine:
                 max_model_len=self._max_model_len,
                 max_tokens=request.sampling.max_tokens,
             )
-            params = self._sampling_params(request.sampling, max_tokens, feature)
-            async for output in self._stream(llm, request, prompt_ids, params, feature):
+            resume = request.resume
+            continued: ContinuedText | None = None
+            carried: list[int] = []
+            if resume is not None:
+                max_tokens = rebased_budget(max_tokens, resume)
+                carried = list(resume.delivered_token_ids)
+                continued = ContinuedText(
+                    pending=pending_text(llm.get_tokenizer(), prompt_ids, resume),
+                    tail=resume.delivered_text_tail,
+                    stop=request.sampling.stop,
+                )
+            # A continued stream's stop strings are matched by ContinuedText (across the
+            # boundary), not by vLLM (which sees only its own new text).
+            params = self._sampling_params(
+                request.sampling, max_tokens, feature, engine_stops=continued is None
+            )
+            async for output in self._stream(
+                llm, request, prompt_ids, params, feature, carried=carried, continued=continued
+            ):
                 yield output
         finally:
             self._in_flight.discard(request.request_id)
@@ -303,7 +323,12 @@ class VllmEngine:
         raise Unavailable(f"{self.config.name}: {reason}")
 
     def _sampling_params(
-        self, options: SamplingOptions, max_tokens: int, feature: FeatureRequest | None = None
+        self,
+        options: SamplingOptions,
+        max_tokens: int,
+        feature: FeatureRequest | None = None,
+        *,
+        engine_stops: bool = True,
     ) -> SamplingParams:
         kwargs: dict[str, Any] = dict(self._sampling_defaults)
         chosen = {
@@ -321,7 +346,7 @@ class VllmEngine:
         kwargs.update(
             n=1,
             max_tokens=max_tokens,
-            stop=list(options.stop) or None,
+            stop=(list(options.stop) or None) if engine_stops else None,
             logprobs=options.top_logprobs if options.logprobs else None,
             ignore_eos=options.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
@@ -345,17 +370,21 @@ class VllmEngine:
         prompt_ids: list[int],
         params: SamplingParams,
         feature: FeatureRequest | None = None,
+        *,
+        carried: list[int],
+        continued: ContinuedText | None,
     ) -> AsyncGenerator[EngineOutput, None]:
         assembler = OutputAssembler(
             prompt_tokens=len(prompt_ids),
             top_logprobs=request.sampling.top_logprobs,
             clock=self._clock,
+            carried=len(carried),
         )
         priority = -request.priority if self.config.scheduling_policy == "priority" else 0
         # Token ids go in as a TokensPrompt: accepted by every vLLM release; 0.32 logs once
         # that it prefers the output of its new Renderer API, which older releases lack.
         stream = llm.generate(
-            TokensPrompt(prompt_token_ids=prompt_ids),
+            TokensPrompt(prompt_token_ids=prompt_ids + carried),
             params,
             request.request_id,
             priority=priority,
@@ -375,6 +404,15 @@ class VllmEngine:
                     )
                     if output.finish_reason is not None:
                         output.finish_reason = feature.finish(output.finish_reason)
+                if continued is not None:
+                    text, stopped = continued.feed(output.text, final=finished)
+                    output.text = text
+                    if stopped and not finished:
+                        output.finish_reason = FinishReason.STOP
+                        yield output
+                        return  # the finally aborts the request in vLLM
+                    if stopped:
+                        output.finish_reason = FinishReason.STOP
                 yield output
         except EngineDeadError as err:
             self._fail("the engine core died")

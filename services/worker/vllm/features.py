@@ -230,4 +230,6 @@ def schema_error(request: EngineRequest, err: Exception) -> InvalidRequest:
         param = f"tools[{index}].function.parameters"
     else:
         param = "response_format"
-    return InvalidRequest(f"the schema cannot be compiled: {err}", param=param, code="invalid_schema")
+    return InvalidRequest(
+        f"the schema cannot be compiled: {err}", param=param, code="invalid_schema"
+    )

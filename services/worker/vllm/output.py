@@ -39,13 +39,19 @@ _FINISH = {
 class OutputAssembler:
     """Converts one request's outputs, keeping the cumulative usage and the timing marks."""
 
-    def __init__(self, *, prompt_tokens: int, top_logprobs: int, clock: Clock) -> None:
+    def __init__(
+        self, *, prompt_tokens: int, top_logprobs: int, clock: Clock, carried: int = 0
+    ) -> None:
+        # ``carried``: tokens a migrated stream delivered before this worker; they are part of
+        # vLLM's token prompt but are reported as completion tokens (the original request's
+        # usage: its prompt, all its completion tokens, each once).
+        self._carried = carried
         self._prompt_tokens = prompt_tokens
         self._top_logprobs = top_logprobs
         self._clock = clock
         self._submitted = clock.monotonic()
         self._first_at: float | None = None
-        self._completion_tokens = 0
+        self._completion_tokens = carried
         self._cached_tokens = 0
 
     def convert(self, output: Any) -> EngineOutput:
@@ -57,7 +63,7 @@ class OutputAssembler:
         token_ids = tuple(int(t) for t in completion.token_ids)
         self._completion_tokens += len(token_ids)
         if output.prompt_token_ids is not None:
-            self._prompt_tokens = len(output.prompt_token_ids)
+            self._prompt_tokens = len(output.prompt_token_ids) - self._carried
         if output.num_cached_tokens is not None:
             self._cached_tokens = int(output.num_cached_tokens)
         finish = _finish_reason(completion.finish_reason) if output.finished else None
