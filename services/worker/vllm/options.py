@@ -36,6 +36,7 @@ def from_args(args: argparse.Namespace) -> Engine:
         "max_num_seqs": args.max_num_seqs,
         "gpu_memory_utilization": args.gpu_memory_utilization,
         "scheduling_policy": args.scheduling_policy,
+        "runner": getattr(args, "runner", None),
     }
     try:
         config = VllmConfig(
