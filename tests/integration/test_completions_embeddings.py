@@ -102,12 +102,14 @@ async def test_echo_with_logprobs_returns_the_prompt_and_its_token_logprobs(stac
     assert lp.text_offset is not None
     assert lp.top_logprobs is not None
     assert "".join(lp.tokens) == only.text
-    assert lp.token_logprobs[0] is None  # nothing precedes the first prompt token
-    assert lp.top_logprobs[0] is None
-    assert all(v is not None and v <= 0 for v in lp.token_logprobs[1:])
+    token_logprobs: list[Any] = list(lp.token_logprobs)  # the SDK's type omits null
+    top_logprobs: list[Any] = list(lp.top_logprobs)
+    assert token_logprobs[0] is None  # nothing precedes the first prompt token
+    assert top_logprobs[0] is None
+    assert all(v is not None and v <= 0 for v in token_logprobs[1:])
     assert lp.text_offset == sorted(lp.text_offset)
     assert lp.text_offset[0] == 0
-    assert all(t is not None and len(t) <= 2 for t in lp.top_logprobs[1:])
+    assert all(t is not None and len(t) <= 2 for t in top_logprobs[1:])
     assert len(lp.tokens) == done.usage.prompt_tokens + 4 if done.usage else False
 
 
@@ -131,14 +133,18 @@ async def test_token_id_prompts_and_a_list_of_prompts_give_one_choice_each(stack
     async with client(stack) as c:
         by_ids = await c.completions.create(model=MODEL, prompt=[11, 22, 33], max_tokens=2)
         several = await c.completions.create(
-            model=MODEL, prompt=["first prompt", "second prompt", [5, 6]], max_tokens=3
+            model=MODEL, prompt=["first prompt", "second prompt", "third"], max_tokens=3
         )
+        id_lists = await c.completions.create(model=MODEL, prompt=[[5, 6], [7]], max_tokens=1)
     assert by_ids.usage is not None
     assert by_ids.usage.prompt_tokens == 3
     assert [ch.index for ch in several.choices] == [0, 1, 2]
     assert all(ch.text for ch in several.choices)
     assert several.usage is not None
     assert several.usage.completion_tokens == 9
+    assert [ch.index for ch in id_lists.choices] == [0, 1]
+    assert id_lists.usage is not None
+    assert id_lists.usage.prompt_tokens == 3
 
 
 async def test_streamed_choices_of_several_prompts_carry_their_index(stack: Stack) -> None:
@@ -207,7 +213,7 @@ async def test_base64_embeddings_are_the_same_little_endian_floats(stack: Stack)
         floats = await c.embeddings.create(model=MODEL, input="vectors", encoding_format="float")
         encoded = await c.embeddings.create(model=MODEL, input="vectors", encoding_format="base64")
         default = await c.embeddings.create(model=MODEL, input="vectors")  # SDK: base64, decoded
-    raw = encoded.data[0].embedding
+    raw: Any = encoded.data[0].embedding  # the SDK types it as floats; base64 asked: a str
     assert isinstance(raw, str)
     blob = base64.b64decode(raw)
     decoded = list(struct.unpack(f"<{len(blob) // 4}f", blob))
