@@ -85,6 +85,10 @@ class Stream:
         self._keepalive_every_s = keepalive_every_s
         self._write_timeout_s = write_timeout_s
 
+    #: The structured log line of a finished request, and its GenAI operation name.
+    done_event = "chat.completed"
+    operation = "chat"
+
     async def __call__(self, ctx: ChatContext) -> web.StreamResponse:
         assert ctx.body is not None and ctx.route is not None and ctx.reroute is not None
 
@@ -332,7 +336,8 @@ class Stream:
         tool_calls: int = 0,
     ) -> None:
         self._telemetry.record_completion(
-            model=ctx.body.model if ctx.body else "",
+            model=ctx.model or (ctx.body.model if ctx.body else ""),
+            operation=self.operation,
             region=upstream.candidate.region,
             started=ctx.started,
             first_token_at=upstream.first_token_at,
@@ -343,7 +348,7 @@ class Stream:
         )
         event(
             log,
-            "chat.completed",
+            self.done_event,
             request_id=ctx.request_id,
             tenant=ctx.principal.tenant.tenant_id if ctx.principal else "",
             key_id=ctx.principal.key.key_id if ctx.principal else "",
