@@ -21,3 +21,10 @@ MAX_CONTENT_CHARS: Final = 1_000_000
 MAX_REQUEST_ID_CHARS: Final = 128
 MAX_MODEL_NAME_CHARS: Final = 256
 CHAT_ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool"})
+
+# Completions and embeddings (issue 12).
+MAX_PROMPTS: Final = 16  # prompts in one completions request (each is a choice)
+MAX_EMBEDDING_INPUTS: Final = 2048  # inputs in one embeddings request (OpenAI's limit)
+MAX_PROMPT_TOKEN_IDS: Final = 262_144  # token ids in one prompt or embedding input
+MAX_TOKEN_ID: Final = 2**31 - 1
+MAX_CHOICES: Final = 128  # chat's n, at most, whatever a deployment allows

@@ -28,6 +28,7 @@ FINISH: Final = "gen_ai.response.finish_reason"
 STAGE: Final = "meridian.stage"
 OUTCOME: Final = "meridian.outcome"
 TRIGGER: Final = "meridian.trigger"
+OPERATION: Final = "gen_ai.operation.name"  # "chat" | "text_completion" | "embeddings"
 
 # --- GenAI semantic conventions (edge: as the client sees it; worker: inside the engine) ----
 TTFT: Final = "gen_ai.server.time_to_first_token"  # s
@@ -66,6 +67,8 @@ WORKER_WAITING: Final = "meridian.worker.waiting"
 WORKER_KV_CACHE: Final = "meridian.worker.kv_cache_usage"  # 0..1
 WORKER_GPU: Final = "meridian.worker.gpu_utilization"  # 0..1
 WORKER_TOKENS_PER_SECOND: Final = "meridian.worker.tokens_per_second"
+WORKER_EMBED_DURATION: Final = "meridian.worker.embed.duration"  # s, by OUTCOME
+WORKER_EMBED_INPUTS: Final = "meridian.worker.embed.inputs"  # inputs embedded
 
 
 def prometheus_name(otel_name: str, unit: str = "", *, counter: bool = False) -> str:

@@ -14,23 +14,37 @@ from dataclasses import dataclass
 import redis.exceptions
 from aiohttp import web
 
+from services.common import capabilities
 from services.common.httpapp import hide_version_banner
 from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
+from services.edge.dialects.base import Dialect
+from services.edge.dialects.chat import CHAT as CHAT_DIALECT
+from services.edge.dialects.completions import COMPLETIONS as COMPLETIONS_DIALECT
+from services.edge.dialects.embeddings import EMBEDDINGS as EMBEDDINGS_DIALECT
 from services.edge.guard import GuardConfig, IpBuckets, Lifecycle, Occupancy
 from services.edge.middleware.error_boundary import RESPONSE_HEADERS, error_boundary
 from services.edge.middleware.ip_guard import ip_guard
 from services.edge.middleware.telemetry import TRACE_ID, telemetry_middleware
 from services.edge.migration.policy import MigrationPolicy
 from services.edge.observability import EdgeTelemetry
-from services.edge.pipeline import Next, Stage, TerminalStage, build_chain, ordered_middlewares
+from services.edge.pipeline import (
+    STAGE_ORDERS,
+    Next,
+    Stage,
+    TerminalStage,
+    build_chain,
+    ordered_middlewares,
+)
 from services.edge.ratelimit.limiter import RateLimiter
 from services.edge.redisconn import RedisClient
 from services.edge.stages.admit import Admit
 from services.edge.stages.authenticate import Authenticate
 from services.edge.stages.connection_guard import ConnectionGuard
+from services.edge.stages.embed import Embed
 from services.edge.stages.route import Route
 from services.edge.stages.stream import Stream
+from services.edge.stages.stream_completion import CompletionStream
 from services.edge.stages.validate import RequestLimits, Validate
 from services.edge.tenancy.auth import Authenticator
 from services.edge.upstream.failover import FailoverPolicy
@@ -62,22 +76,60 @@ class EdgeDeps:
 
 DEPS = web.AppKey("deps", EdgeDeps)
 CHAT: web.AppKey[Next] = web.AppKey("chat_pipeline")
+COMPLETIONS: web.AppKey[Next] = web.AppKey("completions_pipeline")
+EMBEDDINGS: web.AppKey[Next] = web.AppKey("embeddings_pipeline")
+
+
+def shared_stages(deps: EdgeDeps, dialect: Dialect) -> list[Stage]:
+    """The stages every endpoint passes before its terminal, for ``dialect``'s endpoint."""
+    return [
+        ConnectionGuard(streams=deps.streams, lifecycle=deps.lifecycle, counters=deps.counters),
+        Authenticate(auth=deps.auth),
+        Validate(
+            limits=deps.request_limits,
+            body_timeout_s=deps.guard.body_timeout_s,
+            counters=deps.counters,
+            dialect=dialect,
+        ),
+        Admit(limiter=deps.limiter, dialect=dialect),
+        Route(router=deps.router, site=deps.site, dialect=dialect),
+    ]
+
+
+def completions_stages(deps: EdgeDeps) -> tuple[list[Stage], TerminalStage]:
+    """POST /v1/completions: the shared stages, then the text-completion stream stage."""
+    return (
+        shared_stages(deps, COMPLETIONS_DIALECT),
+        CompletionStream(
+            router=deps.router,
+            workers=deps.workers,
+            policy=deps.policy,
+            counters=deps.counters,
+            telemetry=deps.telemetry,
+            keepalive_after_s=deps.keepalive_after_s,
+            write_timeout_s=deps.guard.write_timeout_s,
+        ),
+    )
+
+
+def embeddings_stages(deps: EdgeDeps) -> tuple[list[Stage], TerminalStage]:
+    """POST /v1/embeddings: the shared stages, then one Embed call."""
+    return (
+        shared_stages(deps, EMBEDDINGS_DIALECT),
+        Embed(
+            router=deps.router,
+            workers=deps.workers,
+            policy=deps.policy,
+            counters=deps.counters,
+            telemetry=deps.telemetry,
+        ),
+    )
 
 
 def chat_stages(deps: EdgeDeps) -> tuple[list[Stage], TerminalStage]:
     """Every stage of the declared order (services.edge.pipeline.CHAT_STAGE_ORDER), built."""
     return (
-        [
-            ConnectionGuard(streams=deps.streams, lifecycle=deps.lifecycle, counters=deps.counters),
-            Authenticate(auth=deps.auth),
-            Validate(
-                limits=deps.request_limits,
-                body_timeout_s=deps.guard.body_timeout_s,
-                counters=deps.counters,
-            ),
-            Admit(limiter=deps.limiter),
-            Route(router=deps.router, site=deps.site),
-        ],
+        shared_stages(deps, CHAT_DIALECT),
         Stream(
             router=deps.router,
             workers=deps.workers,
@@ -96,15 +148,41 @@ def build_chat_pipeline(deps: EdgeDeps) -> Next:
     return build_chain(stages, terminal, tracer=deps.telemetry.tracer)
 
 
-async def chat_completions(request: web.Request) -> web.StreamResponse:
-    request_id = f"chatcmpl-{uuid.uuid4().hex}"
+def build_completions_pipeline(deps: EdgeDeps) -> Next:
+    stages, terminal = completions_stages(deps)
+    return build_chain(
+        stages, terminal, tracer=deps.telemetry.tracer, order=STAGE_ORDERS["completions"]
+    )
+
+
+def build_embeddings_pipeline(deps: EdgeDeps) -> Next:
+    stages, terminal = embeddings_stages(deps)
+    return build_chain(
+        stages, terminal, tracer=deps.telemetry.tracer, order=STAGE_ORDERS["embeddings"]
+    )
+
+
+def _context(request: web.Request, id_prefix: str) -> ChatContext:
+    request_id = f"{id_prefix}{uuid.uuid4().hex}"
     headers = {"x-request-id": request_id}
     trace_id = request.get(TRACE_ID)
     if trace_id:
         headers["x-trace-id"] = trace_id
     ctx = ChatContext(request=request, request_id=request_id, headers=headers)
     request[RESPONSE_HEADERS] = ctx.headers
-    return await request.app[CHAT](ctx)
+    return ctx
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await request.app[CHAT](_context(request, CHAT_DIALECT.id_prefix))
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await request.app[COMPLETIONS](_context(request, COMPLETIONS_DIALECT.id_prefix))
+
+
+async def embeddings(request: web.Request) -> web.StreamResponse:
+    return await request.app[EMBEDDINGS](_context(request, EMBEDDINGS_DIALECT.id_prefix))
 
 
 async def list_models(request: web.Request) -> web.Response:
@@ -122,6 +200,9 @@ async def list_models(request: web.Request) -> web.Response:
                     "owned_by": "meridian",
                     "regions": list(m.regions),
                     "max_model_len": m.max_model_len,
+                    # Meridian's extension (the SDK keeps unknown fields): what the model
+                    # supports somewhere in the fleet.
+                    "capabilities": capabilities.as_json(m.capabilities),
                 }
                 for m in served.models
             ],
@@ -167,7 +248,11 @@ def build_app(deps: EdgeDeps, web_state: WebState | None = None) -> web.Applicat
     hide_version_banner(app)
     app[DEPS] = deps
     app[CHAT] = build_chat_pipeline(deps)
+    app[COMPLETIONS] = build_completions_pipeline(deps)
+    app[EMBEDDINGS] = build_embeddings_pipeline(deps)
     app.router.add_post("/v1/chat/completions", chat_completions)
+    app.router.add_post("/v1/completions", completions)
+    app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_get("/v1/models", list_models)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

@@ -1,4 +1,5 @@
-"""What the chat pipeline's stages hand each other for one request."""
+"""What the pipeline's stages hand each other for one request (every endpoint: chat,
+completions, embeddings; each sets its own body)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from aiohttp import web
 
+from services.edge.openai_completions import CompletionRequest, EmbeddingRequest
 from services.edge.openai_types import ChatCompletionRequest
 from services.edge.upstream.router_client import RouteResult
 
@@ -27,7 +29,12 @@ class ChatContext:
     request_id: str
     started: float = field(default_factory=time.monotonic)
     principal: Principal | None = None  # set by authenticate
-    body: ChatCompletionRequest | None = None  # set by validate
+    model: str = ""  # set by validate: the model asked for, whatever the endpoint
+    body: ChatCompletionRequest | None = None  # set by validate (chat)
+    completion: CompletionRequest | None = None  # set by validate (completions)
+    embedding: EmbeddingRequest | None = None  # set by validate (embeddings)
+    # Completions' prompts / embeddings' inputs, checked (text or token ids), set by validate.
+    prompts: list[str | list[int]] = field(default_factory=list)
     prompt_tokens_estimate: int = 0  # set by validate
     session_id: str = ""  # set by validate (x-session-id)
     lease: Lease | None = None  # set by admit

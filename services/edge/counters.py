@@ -68,6 +68,7 @@ class EdgeCounters:
     view_refresh_failures: int = 0
     # Streaming.
     completions: int = 0
+    embeddings: int = 0  # embeddings requests answered
     client_disconnects: int = 0
     stream_errors: int = 0
     # Chat-completions breadth: requests that asked for each feature, and calls returned.

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable
 
 from opentelemetry import trace
@@ -144,13 +145,29 @@ class EdgeTelemetry:
         prompt_tokens: int,
         completion_tokens: int,
         attempts: int,
+        operation: str = "chat",
     ) -> None:
-        """One finished (or cut short) stream; times are ``time.monotonic()`` seconds."""
-        attrs: dict[str, str | int] = {mn.MODEL: model, mn.REGION: region}
+        """One finished (or cut short) stream; times are ``time.monotonic()`` seconds.
+        ``operation``: "chat" or "text_completion" (GenAI's ``gen_ai.operation.name``)."""
+        attrs: dict[str, str | int] = {mn.MODEL: model, mn.REGION: region, mn.OPERATION: operation}
         self.ttft.record(first_token_at - started, attrs)
         if completion_tokens > 1:
             self.tpot.record((last_token_at - first_token_at) / (completion_tokens - 1), attrs)
         self.tokens.record(prompt_tokens, {**attrs, mn.TOKEN_TYPE: "input"})
         self.tokens.record(completion_tokens, {**attrs, mn.TOKEN_TYPE: "output"})
+        if attempts > 1:
+            self.failovers.add(attempts - 1, {mn.REGION: region})
+
+    def record_embedding(
+        self, *, model: str, region: str, started: float, prompt_tokens: int, attempts: int
+    ) -> None:
+        """One answered embeddings request: its duration and input tokens (no output)."""
+        attrs: dict[str, str | int] = {
+            mn.MODEL: model,
+            mn.REGION: region,
+            mn.OPERATION: "embeddings",
+        }
+        self.duration.record(time.monotonic() - started, attrs)
+        self.tokens.record(prompt_tokens, {**attrs, mn.TOKEN_TYPE: "input"})
         if attempts > 1:
             self.failovers.add(attempts - 1, {mn.REGION: region})

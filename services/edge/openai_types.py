@@ -64,7 +64,7 @@ MAX_TOOL_CALLS = 128
 MAX_CALL_ID_CHARS = 256
 MAX_LOGIT_BIAS = 1024
 MAX_STOP_TOKEN_IDS = 64
-HARD_MAX_N = 128  # what the parser accepts; the deployment's cap (RequestLimits.max_n) is lower
+HARD_MAX_N = limits.MAX_CHOICES  # what the parser accepts; RequestLimits.max_choices caps it
 
 
 class ToolCallFunctionIn(BaseModel):

@@ -1,9 +1,16 @@
 """The edge's whole request order, declared once: the middlewares every route passes, then
-the chat pipeline's stages.
+each API endpoint's pipeline of stages.
 
     telemetry → error_boundary → ip_guard            (every route; MIDDLEWARE_ORDER)
       → connection_guard → authenticate → validate → admit → route → stream
-                                                      (POST /v1/chat/completions; CHAT_STAGE_ORDER)
+                                           (POST /v1/chat/completions; CHAT_STAGE_ORDER)
+                                           (POST /v1/completions; COMPLETIONS_STAGE_ORDER)
+      → connection_guard → authenticate → validate → admit → route → embed
+                                           (POST /v1/embeddings; EMBEDDINGS_STAGE_ORDER)
+
+The endpoints share their stages; what differs is the endpoint's *dialect*
+(services/edge/dialects/: how validate parses the body, what admit reserves, what route asks)
+and its terminal stage (how the answer is rendered).
 
 Like Envoy's HTTP filter chain: each stage either answers the request itself (by raising a
 :class:`~services.common.errors.MeridianError`, rendered in OpenAI's error format by the error
@@ -46,6 +53,19 @@ CHAT_STAGE_ORDER: tuple[str, ...] = (
 )
 
 
+#: Completions pass chat's stages; the dialect and the stream stage's rendering differ.
+COMPLETIONS_STAGE_ORDER: tuple[str, ...] = CHAT_STAGE_ORDER
+
+#: Embeddings: the same stages up to route; the terminal makes one unary Embed call.
+EMBEDDINGS_STAGE_ORDER: tuple[str, ...] = (*CHAT_STAGE_ORDER[:-1], "embed")
+
+#: The declared order of every API endpoint's pipeline, by dialect name.
+STAGE_ORDERS: dict[str, tuple[str, ...]] = {
+    "chat": CHAT_STAGE_ORDER,
+    "completions": COMPLETIONS_STAGE_ORDER,
+    "embeddings": EMBEDDINGS_STAGE_ORDER,
+}
+
 #: Everything a chat request passes through, outermost first.
 EDGE_ORDER: tuple[str, ...] = (*MIDDLEWARE_ORDER, *CHAT_STAGE_ORDER)
 
@@ -83,24 +103,26 @@ def build_chain(
     *,
     tracer: trace.Tracer | None = None,
     traced: frozenset[str] = TRACED_STAGES,
+    order: tuple[str, ...] = CHAT_STAGE_ORDER,
 ) -> Next:
     """Compose ``stages`` (outermost first) around ``terminal``.
 
-    Stages must appear in :data:`CHAT_STAGE_ORDER`'s order; optional stages may be left out.
+    Stages must appear in ``order`` (an endpoint's declared order, :data:`STAGE_ORDERS`;
+    chat's by default); optional stages may be left out.
     With a ``tracer``, each stage named in ``traced`` gets a span ``edge.<name>`` covering its
     *own* work: the span ends when the stage hands over to the next one, and the next stage's
     span is a sibling under the request's span (not nested ever deeper), so a trace reads as the
     pipeline does. The terminal stage's attempts have spans of their own (edge.attempt).
     """
     names = [s.name for s in stages] + [terminal.name]
-    unknown = [n for n in names if n not in CHAT_STAGE_ORDER]
+    unknown = [n for n in names if n not in order]
     if unknown:
         raise ValueError(f"unknown pipeline stages: {unknown}")
-    positions = [CHAT_STAGE_ORDER.index(n) for n in names]
+    positions = [order.index(n) for n in names]
     if positions != sorted(positions) or len(set(names)) != len(names):
-        raise ValueError(f"pipeline stages out of order: {names}; expected {CHAT_STAGE_ORDER}")
-    if terminal.name != CHAT_STAGE_ORDER[-1]:
-        raise ValueError(f"the terminal stage must be {CHAT_STAGE_ORDER[-1]!r}")
+        raise ValueError(f"pipeline stages out of order: {names}; expected {order}")
+    if terminal.name != order[-1]:
+        raise ValueError(f"the terminal stage must be {order[-1]!r}")
 
     tracing = tracer is not None and not isinstance(tracer, trace.NoOpTracer)
     handler: Next = terminal.__call__

@@ -46,10 +46,23 @@ def prefix_hashes(body: ChatCompletionRequest) -> list[int]:
     Hash *i* covers blocks 0..i, so two prompts share hash *i* exactly when they share their
     first *i+1* blocks — the router matches the longest shared prefix without seeing text.
     """
-    text = _rendered(body).encode()
+    return text_prefix_hashes(_rendered(body))
+
+
+def text_prefix_hashes(prompt: str) -> list[int]:
+    """:func:`prefix_hashes` of a raw prompt (completions): the same blocks and chaining."""
+    text = prompt.encode()
     out: list[int] = []
     h = hashlib.blake2b(digest_size=8)
     for i in range(min(len(text) // BLOCK_CHARS, MAX_BLOCKS)):
         h.update(text[i * BLOCK_CHARS : (i + 1) * BLOCK_CHARS])
         out.append(int.from_bytes(h.copy().digest(), "big"))
     return out
+
+
+def estimate_text_tokens(prompt: str | list[int]) -> int:
+    """A raw prompt's tokens: exact for token ids, ≈4 characters per token (rounded up) for
+    text, plus one for the BOS token most tokenizers add."""
+    if isinstance(prompt, list):
+        return len(prompt)
+    return -(-len(prompt) // CHARS_PER_TOKEN) + 1

@@ -14,6 +14,8 @@ from services.common.errors import InvalidRequest
 from services.common.jsonstruct import from_struct
 from services.worker.engine import (
     ChatTurn,
+    EmbedRequest,
+    EmbedResult,
     EngineLoad,
     EngineOutput,
     EngineRequest,
@@ -22,6 +24,7 @@ from services.worker.engine import (
     ModelState,
     ResponseFormat,
     ResumeInput,
+    RawPrompt,
     SamplingOptions,
     ToolCall,
     ToolChoice,
@@ -38,7 +41,7 @@ _FINISH_TO_PB = {
 #: The most tools one request may declare, and choices it may ask for (the edge's cap is
 #: usually lower; this is what the worker accepts from anyone).
 MAX_TOOLS = 128
-MAX_CHOICES = 128
+MAX_CHOICES = limits.MAX_CHOICES
 MAX_LOGIT_BIAS = 1024
 MAX_STOP_TOKEN_IDS = 64
 
@@ -152,6 +155,20 @@ def request_from_pb(pb: worker_pb2.GenerateRequest) -> EngineRequest:
         )
     if not pb.model or len(pb.model) > limits.MAX_MODEL_NAME_CHARS:
         raise InvalidRequest("model is required", param="model")
+    if pb.HasField("raw_prompt"):
+        if pb.messages:
+            raise InvalidRequest("give messages or raw_prompt, not both", param="messages")
+        return EngineRequest(
+            request_id=pb.request_id,
+            model=pb.model,
+            messages=(),
+            sampling=sampling_from_pb(pb.sampling),
+            priority=pb.priority,
+            prompt=raw_prompt_from_pb(pb.raw_prompt, "prompt"),
+            echo=pb.echo,
+        )
+    if pb.echo:
+        raise InvalidRequest("echo is for raw prompts (completions) only", param="echo")
     if not pb.messages:
         raise InvalidRequest("messages must not be empty", param="messages")
     if len(pb.messages) > limits.MAX_MESSAGES:
@@ -307,6 +324,61 @@ def resume_from_pb(pb: worker_pb2.GenerateRequest, sampling: SamplingOptions) ->
     )
 
 
+def raw_prompt_from_pb(pb: worker_pb2.RawPrompt, param: str) -> RawPrompt:
+    """Text or token ids, exactly one, within the protocol's bounds; errors name ``param``."""
+    if pb.text and pb.token_ids:
+        raise InvalidRequest(f"{param}: give text or token ids, not both", param=param)
+    if pb.token_ids:
+        if len(pb.token_ids) > limits.MAX_PROMPT_TOKEN_IDS:
+            raise InvalidRequest(
+                f"{param} has more than {limits.MAX_PROMPT_TOKEN_IDS} token ids", param=param
+            )
+        if max(pb.token_ids) > limits.MAX_TOKEN_ID:
+            raise InvalidRequest(f"{param} has a token id out of range", param=param)
+        return RawPrompt(token_ids=tuple(pb.token_ids))
+    if not pb.text:
+        raise InvalidRequest(f"{param} must not be empty", param=param)
+    if len(pb.text) > limits.MAX_CONTENT_CHARS:
+        raise InvalidRequest(
+            f"{param} is longer than {limits.MAX_CONTENT_CHARS} characters", param=param
+        )
+    return RawPrompt(text=pb.text)
+
+
+def embed_request_from_pb(pb: worker_pb2.EmbedRequest) -> EmbedRequest:
+    """Validate an Embed request; a bad input is named by its index (``input[3]``)."""
+    if not pb.request_id or len(pb.request_id) > limits.MAX_REQUEST_ID_CHARS:
+        raise InvalidRequest(
+            f"request_id must be 1..{limits.MAX_REQUEST_ID_CHARS} characters", param="request_id"
+        )
+    if not pb.model or len(pb.model) > limits.MAX_MODEL_NAME_CHARS:
+        raise InvalidRequest("model is required", param="model")
+    if not pb.inputs:
+        raise InvalidRequest("input must not be empty", param="input")
+    if len(pb.inputs) > limits.MAX_EMBEDDING_INPUTS:
+        raise InvalidRequest(
+            f"at most {limits.MAX_EMBEDDING_INPUTS} inputs per request", param="input"
+        )
+    inputs = tuple(raw_prompt_from_pb(x, f"input[{i}]") for i, x in enumerate(pb.inputs))
+    return EmbedRequest(
+        request_id=pb.request_id,
+        model=pb.model,
+        inputs=inputs,
+        dimensions=pb.dimensions,
+        priority=pb.priority,
+    )
+
+
+def embed_result_to_pb(result: EmbedResult) -> worker_pb2.EmbedResponse:
+    resp = worker_pb2.EmbedResponse()
+    for vector, tokens in zip(result.vectors, result.prompt_tokens, strict=True):
+        resp.embeddings.add(values=vector, prompt_tokens=tokens)
+    resp.usage.prompt_tokens = sum(result.prompt_tokens)
+    resp.timings.queue_ms = result.queue_ms
+    resp.timings.prefill_ms = result.compute_ms
+    return resp
+
+
 def chunk_to_pb(out: EngineOutput) -> worker_pb2.GenerateChunk:
     chunk = worker_pb2.GenerateChunk(text=out.text, token_ids=out.token_ids, handoff=out.handoff)
     chunk.usage.prompt_tokens = out.prompt_tokens
@@ -332,13 +404,23 @@ def chunk_to_pb(out: EngineOutput) -> worker_pb2.GenerateChunk:
             name=call.name,
             arguments=call.arguments,
         )
+    if out.prompt_text:
+        chunk.prompt_text = out.prompt_text
+    for lp in out.prompt_logprobs:
+        entry = chunk.prompt_logprobs.add(token=lp.token, logprob=lp.logprob)
+        for tok, val in lp.top:
+            entry.top.add(token=tok, logprob=val)
     return chunk
 
 
 def model_to_pb(m: ModelDescription, *, draining: bool) -> worker_pb2.ModelInfo:
     state = ModelState.DRAINING if draining and m.state is ModelState.READY else m.state
     return worker_pb2.ModelInfo(
-        name=m.name, state=_STATE_TO_PB[state], max_model_len=m.max_model_len, engine=m.engine
+        name=m.name,
+        state=_STATE_TO_PB[state],
+        max_model_len=m.max_model_len,
+        engine=m.engine,
+        capabilities=m.capabilities.to_pb(),
     )
 
 

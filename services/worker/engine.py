@@ -15,7 +15,14 @@ Contract every engine keeps:
   (no tokens are generated for nobody), and so does closing the generator (callers iterate
   it inside ``contextlib.aclosing`` so that happens at once, not at garbage collection);
   ``abort(request_id)`` does the same explicitly;
-- ``load()`` is cheap and synchronous: it is read for every load report.
+- ``load()`` is cheap and synchronous: it is read for every load report;
+- ``models()`` says, per model, what it supports (``capabilities``: chat, completions,
+  embeddings, echo, ...): the router routes on it, so an engine never claims a feature it
+  would refuse;
+- a request with a ``prompt`` (POST /v1/completions) is run without a chat template; with
+  ``echo`` the first output carries ``prompt_text`` (and, with logprobs, ``prompt_logprobs``);
+- ``embed`` runs a batch of inputs through a pooling model and returns one unit vector each,
+  or raises ``InvalidRequest`` naming the input (``input[3]``) or ``dimensions``.
 """
 
 from __future__ import annotations
@@ -24,6 +31,8 @@ import enum
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
+
+from services.common.capabilities import CHAT_ONLY, Capabilities
 
 
 class EngineConfigError(ValueError):
@@ -143,6 +152,11 @@ class ResumeInput:
     delivered_text_tail: str = ""
     origin_request_id: str = ""
     migrations: int = 1
+class RawPrompt:
+    """A prompt without a chat template: text, or token ids (exactly one is set)."""
+
+    text: str | None = None
+    token_ids: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -156,6 +170,8 @@ class EngineRequest:
     tool_choice: ToolChoice = ToolChoice()
     parallel_tool_calls: bool = True
     response_format: ResponseFormat = ResponseFormat()
+    prompt: RawPrompt | None = None  # a completions request: used instead of ``messages``
+    echo: bool = False  # completions: return the prompt with the first output
     resume: ResumeInput | None = None
 
     @property
@@ -165,6 +181,25 @@ class EngineRequest:
         if self.resume is not None and self.resume.origin_request_id:
             return self.resume.origin_request_id
         return self.request_id
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedRequest:
+    request_id: str
+    model: str
+    inputs: tuple[RawPrompt, ...]
+    dimensions: int = 0  # 0: the model's own size
+    priority: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class EmbedResult:
+    """One unit vector and the token count per input, in order; milliseconds."""
+
+    vectors: tuple[tuple[float, ...], ...]
+    prompt_tokens: tuple[int, ...]
+    queue_ms: float = 0.0
+    compute_ms: float = 0.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -192,6 +227,8 @@ class EngineOutput:
     # The last output of a stream handed back unfinished (drain past grace, engine shutdown):
     # the caller continues it elsewhere (finish_reason is ABORT).
     handoff: bool = False
+    prompt_text: str = ""  # echo: the prompt, on the first output only
+    prompt_logprobs: tuple[TokenLogprob, ...] = ()  # echo with logprobs, first output only
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +255,7 @@ class ModelDescription:
     state: ModelState
     max_model_len: int
     engine: str
+    capabilities: Capabilities = CHAT_ONLY
 
 
 class Engine(Protocol):
@@ -240,3 +278,5 @@ class Engine(Protocol):
     def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]: ...
 
     async def abort(self, request_id: str) -> None: ...
+
+    async def embed(self, request: EmbedRequest) -> EmbedResult: ...

@@ -119,6 +119,11 @@ def build_parser() -> argparse.ArgumentParser:
         '"num_speculative_tokens": 3, "prompt_lookup_max": 4})',
     )
     v.add_argument("--max-choices", type=int, help="the largest n a request may ask for (16)")
+    v.add_argument(
+        "--runner",
+        choices=["generate", "pooling"],
+        help="generate (chat, completions; default) or pooling (embeddings, vLLM's pooling runner)",
+    )
     s = p.add_argument_group("sim engine")
     s.add_argument("--sim-config", type=Path, help="YAML file of SimConfig fields")
     s.add_argument(

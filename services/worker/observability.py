@@ -52,6 +52,12 @@ class WorkerTelemetry:
         self.tool_calls = meter.create_counter(
             mn.WORKER_TOOL_CALLS, unit="{call}", description="Tool calls the engine returned"
         )
+        self.embed_duration = meter.create_histogram(
+            mn.WORKER_EMBED_DURATION, unit="s", description="Embed calls, arrival to answer"
+        )
+        self.embed_inputs = meter.create_counter(
+            mn.WORKER_EMBED_INPUTS, unit="{input}", description="Inputs embedded"
+        )
         gauges = (
             (mn.WORKER_RUNNING, "{request}", "Requests being decoded", lambda x: x.running),
             (mn.WORKER_WAITING, "{request}", "Requests queued", lambda x: x.waiting),
@@ -115,3 +121,13 @@ class WorkerTelemetry:
             self.queue_time.record(queue_ms / 1000, attrs)
         self.tokens.record(prompt_tokens, {**attrs, mn.TOKEN_TYPE: "input"})
         self.tokens.record(completion_tokens, {**attrs, mn.TOKEN_TYPE: "output"})
+
+    def record_embed(
+        self, *, model: str, outcome: str, seconds: float, inputs: int, prompt_tokens: int
+    ) -> None:
+        """One Embed call's end: its duration by outcome, inputs, input tokens."""
+        attrs: dict[str, str] = {**self._attrs, mn.MODEL: model, mn.OPERATION: "embeddings"}
+        self.embed_duration.record(seconds, {**attrs, mn.OUTCOME: outcome})
+        if outcome == "ok":
+            self.embed_inputs.add(inputs, attrs)
+            self.tokens.record(prompt_tokens, {**attrs, mn.TOKEN_TYPE: "input"})

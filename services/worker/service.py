@@ -234,6 +234,79 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                     duration_ms=round((time.monotonic() - arrived) * 1000, 2),
                 )
 
+    async def Embed(
+        self,
+        request: worker_pb2.EmbedRequest,
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> worker_pb2.EmbedResponse:
+        """One batch of inputs through the pooling model: no tokens to stream, no decode."""
+        arrived = time.monotonic()
+        span = self.telemetry.tracer.start_span(
+            "worker.Embed",
+            context=extract_metadata(context.invocation_metadata()),
+            kind=SpanKind.SERVER,
+            attributes={
+                "meridian.request_id": request.request_id[:128],
+                mn.MODEL: request.model[:256],
+                mn.OPERATION: "embeddings",
+                mn.WORKER: self._worker_id,
+                mn.REGION: self._region,
+                "meridian.inputs": len(request.inputs),
+            },
+        )
+        outcome, tokens = "error", 0
+        with trace.use_span(span, end_on_exit=True):
+            try:
+                self._admit(request.model)
+                embed_request = convert.embed_request_from_pb(request)
+                task = asyncio.current_task()
+                assert task is not None
+                if embed_request.request_id in self._inflight:
+                    raise InvalidRequest(
+                        f"request_id {embed_request.request_id!r} is already running",
+                        param="request_id",
+                    )
+                self._inflight[embed_request.request_id] = task
+                self._admissions.admitted(request.decision_id[:128])
+                self._idle.clear()
+                try:
+                    result = await self._engine.embed(embed_request)
+                finally:
+                    self._inflight.pop(embed_request.request_id, None)
+                    if not self._inflight:
+                        self._idle.set()
+                    self._capacity_freed()
+                outcome, tokens = "ok", sum(result.prompt_tokens)
+                span.set_attribute("gen_ai.usage.input_tokens", tokens)
+                return convert.embed_result_to_pb(result)
+            except MeridianError as err:
+                span.set_status(Status(StatusCode.ERROR, err.message))
+                event(log, "embed.rejected", request_id=request.request_id, reason=err.message)
+                await abort_with(context, err)
+                raise AssertionError("unreachable") from None
+            except asyncio.CancelledError:
+                outcome = "cancelled"
+                raise
+            finally:
+                seconds = time.monotonic() - arrived
+                self.telemetry.record_embed(
+                    model=request.model[:256],
+                    outcome=outcome,
+                    seconds=seconds,
+                    inputs=len(request.inputs),
+                    prompt_tokens=tokens,
+                )
+                event(
+                    log,
+                    "embed.done",
+                    request_id=request.request_id[:128],
+                    model=request.model[:256],
+                    outcome=outcome,
+                    inputs=len(request.inputs),
+                    prompt_tokens=tokens,
+                    duration_ms=round(seconds * 1000, 2),
+                )
+
     async def Describe(
         self,
         request: worker_pb2.DescribeRequest,

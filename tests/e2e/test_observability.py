@@ -44,7 +44,7 @@ async def traced_stack(
             }
         )
         stack = LocalStack(
-            config=config, run_dir=tmp_path / "run", edge_port=0, log_level="warning"
+            config=config, run_dir=tmp_path / "run", edge_port=0, log_level="info"
         )
         await stack.start()
         try:
@@ -238,3 +238,83 @@ async def chat_with_bad_key(stack: LocalStack) -> int:
         ) as resp,
     ):
         return resp.status
+
+
+async def post_json(
+    stack: LocalStack, path: str, body: dict[str, object], traceparent: str
+) -> tuple[int, str]:
+    headers = {"Authorization": f"Bearer {stack.endpoints.demo_key}", "traceparent": traceparent}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(f"{stack.endpoints.edge_url}{path}", json=body, headers=headers) as resp,
+    ):
+        await resp.read()
+        return resp.status, resp.headers.get("x-trace-id", "")
+
+
+async def test_completions_and_embeddings_have_their_trace_metrics_and_log_lines(
+    traced_stack: tuple[LocalStack, OtlpReceiver],
+) -> None:
+    """Each new endpoint is one trace across the three services (the worker's span named for
+    its RPC), moves its metrics (by gen_ai.operation.name) and writes a JSON log line carrying
+    the request's trace id."""
+    stack, receiver = traced_stack
+    completion_trace = "5bf92f3577b34da6a3ce929d0e0e4737"
+    embedding_trace = "6bf92f3577b34da6a3ce929d0e0e4738"
+    model = stack.endpoints.model
+    status, trace_id = await post_json(
+        stack,
+        "/v1/completions",
+        {"model": model, "prompt": "trace me", "max_tokens": 4},
+        f"00-{completion_trace}-{CLIENT_SPAN}-01",
+    )
+    assert (status, trace_id) == (200, completion_trace)
+    status, trace_id = await post_json(
+        stack,
+        "/v1/embeddings",
+        {"model": model, "input": ["trace", "me"]},
+        f"00-{embedding_trace}-{CLIENT_SPAN}-01",
+    )
+    assert (status, trace_id) == (200, embedding_trace)
+
+    def names(trace: str) -> set[str]:
+        return {s.name for s in receiver.trace(trace)}
+
+    await eventually(
+        lambda: (
+            {"POST /v1/completions", "router.Route", "edge.attempt", "worker.Generate"}
+            <= names(completion_trace)
+        ),
+        timeout_s=15,
+    )
+    await eventually(
+        lambda: (
+            {"POST /v1/embeddings", "router.Route", "edge.attempt", "worker.Embed"}
+            <= names(embedding_trace)
+        ),
+        timeout_s=15,
+    )
+    embed_span = {s.name: s for s in receiver.trace(embedding_trace)}["worker.Embed"]
+    assert embed_span.attributes["gen_ai.operation.name"] == "embeddings"
+    assert embed_span.attributes["gen_ai.usage.input_tokens"] > 0
+
+    edge = await scrape(stack.endpoints.metrics["edge"])
+    tokens = mn.prometheus_name(mn.TOKEN_USAGE, "{token}")
+    assert total(edge, f"{tokens}_count", gen_ai_operation_name="text_completion") >= 1
+    assert total(edge, f"{tokens}_count", gen_ai_operation_name="embeddings") >= 1
+    workers = [await scrape(url) for name, url in stack.endpoints.metrics.items() if "-" in name]
+    embed_duration = mn.prometheus_name(mn.WORKER_EMBED_DURATION, "s")
+    assert sum(total(w, f"{embed_duration}_count", meridian_outcome="ok") for w in workers) >= 1
+
+    logs = stack.run_dir / "logs"
+
+    def logged(event_name: str, trace: str) -> bool:
+        return any(
+            event_name in line and trace in line
+            for path in logs.glob("*.log")
+            for line in path.read_text(errors="replace").splitlines()
+        )
+
+    await eventually(lambda: logged("completion.completed", completion_trace), timeout_s=10)
+    await eventually(lambda: logged("embeddings.completed", embedding_trace), timeout_s=10)
+    await eventually(lambda: logged("embed.done", embedding_trace), timeout_s=10)

@@ -1,20 +1,22 @@
 """The admit stage: reserve this request's share of its key's and tenant's limits, and settle
 the reservation when the request ends — however it ends.
 
-Reservation = the prompt's token estimate + ``max_tokens`` (or ``max_completion_tokens``; if
-neither is set, the configured ``default_completion_tokens``) for every choice (``n``). It is taken before routing, so
-a burst of concurrent requests cannot overrun a token limit: each one must fit *with* every
-reservation still in flight. When the response is over (completed, failed, or the client went
-away and the worker call was cancelled), the reservation is replaced by the tokens the worker
-really reported (``ctx.tokens_used``, kept current by the stream stage) and the stream slot is
-freed.
-"""
+Reservation = the prompt's token estimate + the endpoint's completion budget (chat and
+completions: ``max_tokens`` / ``max_completion_tokens``, or, if neither is set, the configured
+``default_completion_tokens``; embeddings: nothing, they decode no tokens), times the choices asked (chat's ``n``). It is taken before
+routing, so a burst of concurrent requests cannot overrun a token limit: each one must fit
+*with* every reservation still in flight. When the response is over (completed, failed, or the
+client went away and the worker call was cancelled), the reservation is replaced by the tokens
+the worker really reported (``ctx.tokens_used``, kept current by the stream stage) and the
+stream slot is freed."""
 
 from __future__ import annotations
 
 from aiohttp import web
 
 from services.edge.context import ChatContext
+from services.edge.dialects.base import Dialect
+from services.edge.dialects.chat import CHAT
 from services.edge.pipeline import Next
 from services.edge.ratelimit.limiter import RateLimiter, RateLimitExceeded
 from services.edge.ratelimit.types import Ask, Scope
@@ -34,15 +36,17 @@ def scopes_for(principal: Principal) -> tuple[Scope, ...]:
 class Admit:
     name = "admit"
 
-    def __init__(self, *, limiter: RateLimiter) -> None:
+    def __init__(self, *, limiter: RateLimiter, dialect: Dialect = CHAT) -> None:
         self._limiter = limiter
+        self._dialect = dialect
 
     async def __call__(self, ctx: ChatContext, call_next: Next) -> web.StreamResponse:
-        assert ctx.principal is not None and ctx.body is not None
-        completion = ctx.body.effective_max_tokens()
+        assert ctx.principal is not None
+        completion = self._dialect.completion_budget(ctx)
         if completion is None:
             completion = self._limiter.config.default_completion_tokens
-        completion *= ctx.body.choices()
+        if ctx.body is not None:
+            completion *= ctx.body.choices()  # every choice may use max_tokens
         ask = Ask(
             ctx.request_id, ctx.prompt_tokens_estimate + completion, scopes_for(ctx.principal)
         )

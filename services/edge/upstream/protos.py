@@ -22,29 +22,16 @@ from services.edge.openai_types import (
     JsonSchemaFormat,
     NamedToolChoice,
 )
-from services.edge.prompt import prefix_hashes
 
 
 def route_request(
     ctx: ChatContext, *, site: str, exclude: Sequence[str] = ()
 ) -> router_pb2.RouteRequest:
-    """Where can this request run? ``exclude``: workers already tried."""
-    body = ctx.body
-    assert body is not None and ctx.principal is not None, "after authenticate and validate"
-    tenant = ctx.principal.tenant
-    return router_pb2.RouteRequest(
-        request_id=ctx.request_id,
-        model=body.model,
-        tenant_id=tenant.tenant_id,
-        priority=tenant.tier.priority(),
-        allowed_regions=list(tenant.allowed_regions),
-        edge_site=site,
-        prompt_tokens=ctx.prompt_tokens_estimate,
-        max_tokens=(body.effective_max_tokens() or 0) * body.choices(),
-        session_id=ctx.session_id,
-        prefix_hashes=prefix_hashes(body),
-        exclude_worker_ids=list(exclude),
-    )
+    """Where can this chat request run? ``exclude``: workers already tried. (The chat
+    dialect's, services/edge/dialects/chat.py, which every endpoint's dialect mirrors.)"""
+    from services.edge.dialects.chat import CHAT
+
+    return CHAT.route_request(ctx, site=site, exclude=tuple(exclude))
 
 
 def generate_request(

@@ -20,6 +20,28 @@ class WorkerPool:
     def __init__(self) -> None:
         self._stubs: dict[str, tuple[grpc.aio.Channel, worker_pb2_grpc.WorkerStub]] = {}
 
+    def _stub(self, address: str) -> worker_pb2_grpc.WorkerStub:
+        entry = self._stubs.get(address)
+        if entry is None:
+            channel = insecure_channel(address)
+            entry = (channel, worker_pb2_grpc.WorkerStub(channel))
+            self._stubs[address] = entry
+        return entry[1]
+
+    async def embed(
+        self,
+        address: str,
+        request: worker_pb2.EmbedRequest,
+        *,
+        timeout_s: float | None,
+        metadata: tuple[tuple[str, str], ...] = (),
+    ) -> worker_pb2.EmbedResponse:
+        """One Embed call on the worker's warm channel (unary: nothing to stream)."""
+        resp: worker_pb2.EmbedResponse = await self._stub(address).Embed(
+            request, timeout=timeout_s, metadata=metadata or None
+        )
+        return resp
+
     def generate(
         self,
         address: str,

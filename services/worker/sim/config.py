@@ -81,6 +81,12 @@ class SimConfig:
     gpu_memory_utilization: float = 0.9
     """The simulated GPU's memory in use, as a fraction: vLLM reserves this share up front for
     weights and KV cache, so it does not move with load (KV use is reported separately)."""
+    completions: bool = True
+    """Serve POST /v1/completions (raw prompts, echo) as well as chat."""
+    embeddings: bool = True
+    """Serve POST /v1/embeddings: deterministic unit vectors (see ``sim/embed.py``)."""
+    embedding_dimensions: int = 256
+    """Size of the simulated embeddings; ``dimensions`` may ask for fewer (Matryoshka-style)."""
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -97,6 +103,7 @@ class SimConfig:
             "kv_cache_tokens",
             "block_size",
             "output_len_min",
+            "embedding_dimensions",
         ):
             _require_int(key, getattr(self, key), minimum=1)
         _require_int("output_len_max", self.output_len_max, minimum=self.output_len_min)
@@ -111,7 +118,7 @@ class SimConfig:
             raise SimConfigError(
                 "gpu_memory_utilization", f"must be <= 1, got {self.gpu_memory_utilization}"
             )
-        for key in ("chunked_prefill", "enable_prefix_caching"):
+        for key in ("chunked_prefill", "enable_prefix_caching", "completions", "embeddings"):
             if not isinstance(getattr(self, key), bool):
                 raise SimConfigError(key, f"must be true or false, got {getattr(self, key)!r}")
         if self.kv_cache_tokens < self.block_size:

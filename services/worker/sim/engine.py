@@ -22,13 +22,24 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import logging
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
+from services.common.capabilities import Capabilities
+from services.common.limits import MAX_CHOICES
 from services.common.clock import SYSTEM_CLOCK, Clock
-from services.common.errors import InternalError, MeridianError, Unavailable
+from services.common.errors import (
+    InternalError,
+    InvalidRequest,
+    MeridianError,
+    ModelNotFound,
+    Unavailable,
+)
 from services.worker.engine import (
+    EmbedRequest,
+    EmbedResult,
     Engine,
     EngineLoad,
     EngineOutput,
@@ -37,8 +48,10 @@ from services.worker.engine import (
     ModelState,
     ToolCallDelta,
 )
+from services.worker.sim import embed
 from services.worker.sim.config import SimConfig
 from services.worker.sim.scheduler import SimScheduler
+from services.worker.sim.validation import echo_logprobs, raw_prompt
 
 MAX_LAG_S = 0.25
 _log = logging.getLogger(__name__)
@@ -160,9 +173,31 @@ class SimEngine:
                 state=self._state,
                 max_model_len=self.config.max_model_len,
                 engine=self.name,
+                capabilities=self._capabilities,
             )
             for name in self.config.models
         ]
+
+    @functools.cached_property
+    def _capabilities(self) -> Capabilities:
+        c = self.config
+        return Capabilities(
+            chat=True,
+            completions=c.completions,
+            embeddings=c.embeddings,
+            max_context_len=c.max_model_len,
+            embedding_dimensions=c.embedding_dimensions if c.embeddings else 0,
+            dimensions_configurable=c.embeddings,
+            echo=c.completions,
+            max_logprobs=20,
+            max_embedding_inputs=2048 if c.embeddings else 0,
+            # Scripted tool calls and schema-valid JSON (sim/script.py, sim/jsongen.py).
+            tools=True,
+            tool_parser="sim",
+            structured_outputs=True,
+            structured_output_backend="jsongen",
+            max_n=MAX_CHOICES,
+        )
 
     def load(self) -> EngineLoad:
         return self._scheduler.load(self._clock.monotonic())
@@ -179,9 +214,13 @@ class SimEngine:
         collector = _Collector()
         self._collectors[request.request_id] = collector
         self._wake.set()
+        echo = request.echo and request.prompt is not None
         try:
             while True:
                 out = await collector.get()
+                if echo:
+                    echo = False
+                    out = self._with_echo(out, request)
                 yield out
                 if out.finish_reason is not None:
                     return
@@ -190,6 +229,40 @@ class SimEngine:
                 del self._collectors[request.request_id]
                 self._scheduler.abort(request.request_id, self._clock.monotonic())
                 self._wake.set()
+
+    @staticmethod
+    def _with_echo(out: EngineOutput, request: EngineRequest) -> EngineOutput:
+        """The first output with the prompt (and its logprobs) in front, as echo asks."""
+        assert request.prompt is not None
+        sampling = request.sampling
+        text, _ = raw_prompt(request.prompt)
+        lps = echo_logprobs(request.prompt, sampling.top_logprobs) if sampling.logprobs else ()
+        return dataclasses.replace(out, prompt_text=text, prompt_logprobs=lps)
+
+    async def embed(self, request: EmbedRequest) -> EmbedResult:
+        """Deterministic unit vectors (``sim/embed.py``), after a modelled prefill."""
+        c = self.config
+        if request.model not in c.models:
+            raise ModelNotFound(f"model {request.model!r} is not served here", param="model")
+        if not c.embeddings:
+            raise InvalidRequest("this model does not serve embeddings", param="input")
+        ids = embed.check_inputs(
+            request.inputs,
+            max_model_len=c.max_model_len,
+            size=c.embedding_dimensions,
+            dimensions=request.dimensions,
+        )
+        if self._state is not ModelState.READY:
+            raise Unavailable(f"model {request.model!r} is {self._state.value}")
+        started = self._clock.monotonic()
+        tokens = tuple(len(x) for x in ids)
+        await asyncio.sleep(c.prefill_ms_per_token * sum(tokens) / 1000 * c.time_scale)
+        vectors = tuple(embed.embed_ids(x, c.embedding_dimensions, request.dimensions) for x in ids)
+        return EmbedResult(
+            vectors=vectors,
+            prompt_tokens=tokens,
+            compute_ms=(self._clock.monotonic() - started) * 1000,
+        )
 
     async def abort(self, request_id: str) -> None:
         self._abort_now(request_id, self._clock.monotonic())

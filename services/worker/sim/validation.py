@@ -28,11 +28,17 @@ from __future__ import annotations
 import random
 
 from services.common.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
-from services.worker.engine import EngineRequest, ResumeInput, SamplingOptions
+from services.worker.engine import (
+    EngineRequest,
+    RawPrompt,
+    ResumeInput,
+    SamplingOptions,
+    TokenLogprob,
+)
 from services.worker.sim.config import SimConfig
 from services.worker.sim.script import build_script, needs_script
 from services.worker.sim.sequence import SimSequence
-from services.worker.sim.text import TextGenerator, render_chat, seed_for, token_id, tokenize
+from services.worker.sim.text import TextGenerator, render_chat, seed_for, split_pieces, token_id, tokenize
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 MAX_TOP_LOGPROBS = 20
@@ -68,6 +74,34 @@ def check_sampling(sampling: SamplingOptions) -> None:
         raise InvalidRequest("stop strings must not be empty", param="stop")
 
 
+def raw_prompt(prompt: RawPrompt) -> tuple[str, list[int]]:
+    """A completions prompt's text and token ids. Token ids have no vocabulary here: each
+    shows as `` <id>`` where text is needed (echo), so the text is still deterministic."""
+    if prompt.text is not None:
+        return prompt.text, tokenize(prompt.text)
+    return "".join(id_piece(t) for t in prompt.token_ids), list(prompt.token_ids)
+
+
+def id_piece(token_id: int) -> str:
+    return f" <{token_id}>"
+
+
+def echo_logprobs(prompt: RawPrompt, top: int) -> tuple[TokenLogprob, ...]:
+    """Deterministic log-probabilities of the prompt's own tokens (echo with logprobs). The
+    first token has none (nothing precedes it): logprob 0 and no alternatives, which the edge
+    shows as ``null`` as OpenAI does."""
+    if prompt.text is not None:
+        pieces = split_pieces(prompt.text)
+    else:
+        pieces = [id_piece(t) for t in prompt.token_ids]
+    gen = TextGenerator(seed_for("prompt", *pieces[:64], len(pieces)))
+    out = [TokenLogprob(token=pieces[0], logprob=0.0)] if pieces else []
+    for piece in pieces[1:]:
+        value, alts = gen.logprobs(piece, top)
+        out.append(TokenLogprob(token=piece, logprob=value, top=alts))
+    return tuple(out)
+
+
 def build_sequence(
     request: EngineRequest, config: SimConfig, *, arrival: float, order: int
 ) -> SimSequence:
@@ -79,31 +113,40 @@ def build_sequence(
             f"model {request.model!r} is not served here (served: {', '.join(config.models)})",
             param="model",
         )
-    if not request.messages:
-        raise InvalidRequest("messages must contain at least one message", param="messages")
-    for i, turn in enumerate(request.messages):
-        if turn.role not in ROLES:
-            raise InvalidRequest(
-                f"messages[{i}].role {turn.role!r} is not one of {', '.join(sorted(ROLES))}",
-                param="messages",
-            )
     sampling = request.sampling
-    check_sampling(sampling)
-
-    prompt_text = render_chat(request.messages, tools=request.tools)
-    prompt_ids = tokenize(prompt_text)
+    if request.prompt is not None:
+        if not config.completions:
+            raise InvalidRequest("this model does not serve completions", param="prompt")
+        check_sampling(sampling)
+        prompt_text, prompt_ids = raw_prompt(request.prompt)
+        where = "prompt"
+    else:
+        if not request.messages:
+            raise InvalidRequest("messages must contain at least one message", param="messages")
+        for i, turn in enumerate(request.messages):
+            if turn.role not in ROLES:
+                raise InvalidRequest(
+                    f"messages[{i}].role {turn.role!r} is not one of {', '.join(sorted(ROLES))}",
+                    param="messages",
+                )
+        check_sampling(sampling)
+        prompt_text = render_chat(request.messages, tools=request.tools)
+        prompt_ids = tokenize(prompt_text)
+        where = "messages"
     limit = config.max_model_len
+    if not prompt_ids:
+        raise InvalidRequest("the prompt must not be empty", param=where)
     if len(prompt_ids) >= limit:
         raise ContextLengthExceeded(
-            f"this model's maximum context length is {limit} tokens; the messages take "
+            f"this model's maximum context length is {limit} tokens; the {where} take "
             f"{len(prompt_ids)} tokens, leaving no room for a completion",
-            param="messages",
+            param=where,
         )
     room = limit - len(prompt_ids)
     if sampling.max_tokens is not None and sampling.max_tokens > room:
         raise ContextLengthExceeded(
             f"this model's maximum context length is {limit} tokens; you requested "
-            f"{len(prompt_ids) + sampling.max_tokens} tokens ({len(prompt_ids)} in the messages, "
+            f"{len(prompt_ids) + sampling.max_tokens} tokens ({len(prompt_ids)} in the {where}, "
             f"{sampling.max_tokens} in the completion)",
             param="max_tokens",
         )

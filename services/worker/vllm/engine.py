@@ -37,12 +37,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import multiprocessing
 import uuid
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
-from vllm import SamplingParams
+from vllm import PoolingParams, SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMClientError
 from vllm.inputs import TokensPrompt
@@ -50,10 +51,19 @@ from vllm.sampling_params import RequestOutputKind
 from vllm.v1.engine.async_llm import AsyncLLM
 from vllm.v1.engine.exceptions import EngineDeadError, EngineGenerateError
 
+from services.common.capabilities import Capabilities
 from services.common.clock import SYSTEM_CLOCK, Clock
-from services.common.errors import InternalError, InvalidRequest, ModelNotFound, Unavailable
+from services.common.errors import (
+    ContextLengthExceeded,
+    InternalError,
+    InvalidRequest,
+    ModelNotFound,
+    Unavailable,
+)
 from services.worker.engine import (
     ChatTurn,
+    EmbedRequest,
+    EmbedResult,
     Engine,
     EngineLoad,
     EngineOutput,
@@ -61,14 +71,16 @@ from services.worker.engine import (
     FinishReason,
     ModelDescription,
     ModelState,
+    RawPrompt,
     SamplingOptions,
+    TokenLogprob,
 )
 from services.worker.gpu import GpuMonitor
 from services.worker.resume_text import ContinuedText
 from services.worker.vllm.config import VllmConfig
 from services.worker.vllm.features import FeatureRequest, load_parser, needs_features, schema_error
 from services.worker.vllm.load_window import LoadWindow
-from services.worker.vllm.output import OutputAssembler
+from services.worker.vllm.output import OutputAssembler, prompt_logprobs
 from services.worker.vllm.prompt import render_prompt
 from services.worker.vllm.request import check_messages, check_sampling, completion_budget
 from services.worker.vllm.resume import pending_text, rebased_budget
@@ -103,6 +115,8 @@ class VllmEngine:
         self._failure: str | None = None
         self._llm: AsyncLLM | None = None
         self._max_model_len = config.max_model_len or 0
+        self._hidden_size = 0  # the pooling model's embedding size, known once loaded
+        self._matryoshka = False
         self._sampling_defaults: dict[str, Any] = {}
         self._in_flight: set[str] = set()
         self._abort_requested: set[str] = set()
@@ -148,6 +162,8 @@ class VllmEngine:
             await _stop_engine(llm)
             raise
         self._max_model_len = int(llm.model_config.max_model_len)
+        self._hidden_size = int(llm.model_config.get_hidden_size())
+        self._matryoshka = bool(llm.model_config.is_matryoshka)
         defaults = dict(llm.model_config.get_diff_sampling_param())
         defaults.pop("max_tokens", None)  # OpenAI's default is the rest of the context
         self._sampling_defaults = defaults
@@ -225,8 +241,37 @@ class VllmEngine:
                 state=self._state,
                 max_model_len=self._max_model_len,
                 engine=self.name,
+                capabilities=self._capabilities(),
             )
         ]
+
+    def _capabilities(self) -> Capabilities:
+        """What this engine serves: the pooling runner embeds and nothing else; the generate
+        runner chats and completes (echo through prompt logprobs; vLLM's max_logprobs 20)."""
+        if self.config.runner == "pooling":
+            return Capabilities(
+                chat=False,
+                embeddings=True,
+                max_context_len=self._max_model_len,
+                embedding_dimensions=self._hidden_size,
+                dimensions_configurable=self._matryoshka,
+                max_logprobs=0,
+                max_embedding_inputs=2048,
+            )
+        return Capabilities(
+            chat=True,
+            completions=True,
+            echo=True,
+            max_logprobs=20,
+            max_context_len=self._max_model_len,
+            # Tools only with a parser (--tool-call-parser); structured outputs always (vLLM's
+            # grammar backend); n up to --max-choices.
+            tools=self.config.tool_call_parser is not None,
+            tool_parser=self.config.tool_call_parser or "",
+            structured_outputs=True,
+            structured_output_backend=self.config.structured_outputs_backend,
+            max_n=self.config.max_choices,
+        )
 
     def in_flight(self) -> frozenset[str]:
         """Ids of the requests this engine is serving now (being rendered or generating).
@@ -261,7 +306,14 @@ class VllmEngine:
             )
         if not request.request_id:
             raise InvalidRequest("request_id must not be empty", param="request_id")
-        check_messages(request.messages)
+        where = "prompt" if request.prompt is not None else "messages"
+        if self.config.runner == "pooling":
+            raise InvalidRequest(
+                f"{self.config.name} is an embedding (pooling) model: it does not generate",
+                param=where,
+            )
+        if request.prompt is None:
+            check_messages(request.messages)
         check_sampling(request.sampling)
         if request.request_id in self._in_flight:
             raise InvalidRequest(
@@ -280,13 +332,18 @@ class VllmEngine:
         )
         self._in_flight.add(request.request_id)
         try:
-            prompt_ids = await render_prompt(
-                llm.get_tokenizer(), request.messages, feature.tools if feature else None
-            )
+            tokenizer = llm.get_tokenizer()
+            if request.prompt is not None:
+                prompt_ids = _prompt_ids(tokenizer, request.prompt, "prompt")
+            else:
+                prompt_ids = await render_prompt(
+                    tokenizer, request.messages, feature.tools if feature else None
+                )
             max_tokens = completion_budget(
                 prompt_tokens=len(prompt_ids),
                 max_model_len=self._max_model_len,
                 max_tokens=request.sampling.max_tokens,
+                where=where,
             )
             resume = request.resume
             continued: ContinuedText | None = None
@@ -302,7 +359,11 @@ class VllmEngine:
             # A continued stream's stop strings are matched by ContinuedText (across the
             # boundary), not by vLLM (which sees only its own new text).
             params = self._sampling_params(
-                request.sampling, max_tokens, feature, engine_stops=continued is None
+                request.sampling,
+                max_tokens,
+                feature,
+                engine_stops=continued is None,
+                echo=request.echo,
             )
             async for output in self._stream(
                 llm, request, prompt_ids, params, feature, carried=carried, continued=continued
@@ -329,6 +390,7 @@ class VllmEngine:
         feature: FeatureRequest | None = None,
         *,
         engine_stops: bool = True,
+        echo: bool = False,
     ) -> SamplingParams:
         kwargs: dict[str, Any] = dict(self._sampling_defaults)
         chosen = {
@@ -348,6 +410,8 @@ class VllmEngine:
             max_tokens=max_tokens,
             stop=(list(options.stop) or None) if engine_stops else None,
             logprobs=options.top_logprobs if options.logprobs else None,
+            # echo with logprobs: the prompt's own logprobs, from the prefill
+            prompt_logprobs=options.top_logprobs if echo and options.logprobs else None,
             ignore_eos=options.ignore_eos,
             output_kind=RequestOutputKind.DELTA,
         )
@@ -391,12 +455,16 @@ class VllmEngine:
         )
         finished = False
         abort_sent = False
+        echo = request.echo
         try:
             async for raw in stream:
                 if not abort_sent and request.request_id in self._abort_requested:
                     abort_sent = True
                     await llm.abort(request.request_id)
                 output = assembler.convert(raw)
+                if echo:
+                    echo = False
+                    self._echo(llm, output, request, prompt_ids, raw)
                 finished = output.finish_reason is not None
                 if feature is not None:
                     output.text, output.tool_calls = feature.convert(
@@ -434,7 +502,97 @@ class VllmEngine:
                 # request in the engine (a no-op when it already ended).
                 await stream.aclose()
 
+    def _echo(
+        self,
+        llm: AsyncLLM,
+        output: EngineOutput,
+        request: EngineRequest,
+        prompt_ids: list[int],
+        raw: Any,
+    ) -> None:
+        """Put the prompt (and its logprobs, from vLLM's prompt_logprobs) on the first output."""
+        assert request.prompt is not None
+        tokenizer = llm.get_tokenizer()
+        text = request.prompt.text
+        output.prompt_text = text if text is not None else tokenizer.decode(prompt_ids)
+        if not request.sampling.logprobs:
+            return
+        lps = list(prompt_logprobs(prompt_ids, raw.prompt_logprobs, request.sampling.top_logprobs))
+        if lps and prompt_ids:
+            lps[0] = TokenLogprob(token=tokenizer.decode(prompt_ids[:1]), logprob=0.0)
+        output.prompt_logprobs = tuple(lps)
+
+    async def embed(self, request: EmbedRequest) -> EmbedResult:
+        """One pooled, unit-length vector per input (vLLM's pooling runner, ``task=embed``);
+        ``dimensions`` only on a Matryoshka model, else INVALID_ARGUMENT."""
+        llm = self._ready()
+        if request.model != self.config.name:
+            raise ModelNotFound(
+                f"The model '{request.model}' does not exist on this worker.", param="model"
+            )
+        if self.config.runner != "pooling":
+            raise InvalidRequest(
+                f"{self.config.name} is not an embedding model (start it with --runner pooling)",
+                param="input",
+            )
+        dims = request.dimensions
+        if dims and (
+            dims > self._hidden_size or (not self._matryoshka and dims != self._hidden_size)
+        ):
+            raise InvalidRequest(
+                f"dimensions: {self.config.name} embeds into {self._hidden_size} dimensions"
+                + ("" if self._matryoshka else " and cannot truncate (not a Matryoshka model)"),
+                param="dimensions",
+            )
+        tokenizer = llm.get_tokenizer()
+        ids = [_prompt_ids(tokenizer, x, f"input[{i}]") for i, x in enumerate(request.inputs)]
+        for i, x in enumerate(ids):
+            if len(x) > self._max_model_len:
+                raise ContextLengthExceeded(
+                    f"input[{i}] has {len(x)} tokens; this model embeds at most "
+                    f"{self._max_model_len}",
+                    param=f"input[{i}]",
+                )
+        params = PoolingParams(task="embed", dimensions=dims if dims else None)
+        started = self._clock.monotonic()
+
+        async def one(index: int, prompt_ids: list[int]) -> tuple[float, ...]:
+            last = None
+            async for out in llm.encode(
+                TokensPrompt(prompt_token_ids=prompt_ids),
+                params,
+                f"{request.request_id}:{index}",
+            ):
+                last = out
+            if last is None:
+                raise InternalError("the engine returned no embedding")
+            return _unit([float(v) for v in last.outputs.data.tolist()])
+
+        self._in_flight.add(request.request_id)
+        try:
+            vectors = await asyncio.gather(*(one(i, x) for i, x in enumerate(ids)))
+        except EngineDeadError as err:
+            self._fail("the engine core died")
+            raise Unavailable(f"{self.config.name}: the engine core died") from err
+        except VLLMClientError as err:
+            raise InvalidRequest(str(err), param=getattr(err, "parameter", None)) from err
+        finally:
+            self._in_flight.discard(request.request_id)
+        return EmbedResult(
+            vectors=tuple(vectors),
+            prompt_tokens=tuple(len(x) for x in ids),
+            compute_ms=(self._clock.monotonic() - started) * 1000,
+        )
+
     async def _warm_up(self, llm: AsyncLLM) -> None:
+        if self.config.runner == "pooling":
+            request_id = f"meridian-warmup-{uuid.uuid4().hex}"
+            ids = [int(t) for t in llm.get_tokenizer().encode("Hello!")]
+            async for _ in llm.encode(
+                TokensPrompt(prompt_token_ids=ids), PoolingParams(task="embed"), request_id
+            ):
+                pass
+            return
         prompt_ids = await render_prompt(llm.get_tokenizer(), _WARMUP_MESSAGES)
         params = SamplingParams(
             max_tokens=2, temperature=0.0, logprobs=1, output_kind=RequestOutputKind.DELTA
@@ -447,6 +605,28 @@ class VllmEngine:
         self._state = ModelState.FAILED
         self._failure = reason
         log.error("vLLM engine %s: %s", self.config.name, reason)
+
+
+def _prompt_ids(tokenizer: Any, prompt: RawPrompt, param: str) -> list[int]:
+    """A raw prompt's token ids: given ids (each inside the vocabulary), or the text encoded
+    as vLLM's completions server does (with the tokenizer's special tokens, e.g. BOS)."""
+    if prompt.text is None:
+        vocab = len(tokenizer)
+        if any(t >= vocab for t in prompt.token_ids):
+            raise InvalidRequest(
+                f"{param} holds a token id outside this model's vocabulary (0..{vocab - 1})",
+                param=param,
+            )
+        return list(prompt.token_ids)
+    ids = [int(t) for t in tokenizer.encode(prompt.text)]
+    if not ids:
+        raise InvalidRequest(f"{param} is empty", param=param)
+    return ids
+
+
+def _unit(values: list[float]) -> tuple[float, ...]:
+    norm = math.sqrt(sum(v * v for v in values)) or 1.0
+    return tuple(v / norm for v in values)
 
 
 def _build_engine(config: VllmConfig, stat_logger: StatLoggerFactory) -> AsyncLLM:

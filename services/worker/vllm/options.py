@@ -75,6 +75,7 @@ def from_args(args: argparse.Namespace) -> Engine:
         "structured_outputs_backend": getattr(args, "structured_outputs_backend", None),
         "max_choices": getattr(args, "max_choices", None),
         "tool_strict_level": getattr(args, "tool_strict_level", None),
+        "runner": getattr(args, "runner", None),
     }
     try:
         config = VllmConfig(

@@ -118,6 +118,33 @@ class OutputAssembler:
         return tuple(out)
 
 
+def prompt_logprobs(
+    prompt_ids: list[int], entries: Any, top_logprobs: int
+) -> tuple[TokenLogprob, ...]:
+    """vLLM's ``RequestOutput.prompt_logprobs`` (one ``{token_id: Logprob}`` per prompt token,
+    ``None`` for the first) as Meridian's: the first token gets logprob 0 and no alternatives
+    (the edge shows ``null``), the others their own logprob and the top alternatives."""
+    if not entries:
+        return ()
+    out: list[TokenLogprob] = []
+    for token_id, candidates in zip(prompt_ids, entries, strict=False):
+        if not candidates:
+            out.append(TokenLogprob(token="", logprob=0.0))
+            continue
+        chosen = candidates.get(token_id)
+        top = sorted((c for c in candidates.values() if c.rank is not None), key=lambda c: c.rank)[
+            :top_logprobs
+        ]
+        out.append(
+            TokenLogprob(
+                token=(chosen.decoded_token or "") if chosen is not None else "",
+                logprob=float(chosen.logprob) if chosen is not None else -math.inf,
+                top=tuple((c.decoded_token or "", float(c.logprob)) for c in top),
+            )
+        )
+    return tuple(out)
+
+
 def _finish_reason(reason: str | None) -> FinishReason:
     if reason is None:
         # A finished output without a reason: the engine ended it without saying why.

@@ -66,7 +66,9 @@ def check_sampling(options: SamplingOptions) -> None:
         raise InvalidRequest("top_logprobs requires logprobs to be true", param="top_logprobs")
 
 
-def completion_budget(*, prompt_tokens: int, max_model_len: int, max_tokens: int | None) -> int:
+def completion_budget(
+    *, prompt_tokens: int, max_model_len: int, max_tokens: int | None, where: str = "messages"
+) -> int:
     """The number of tokens this request may generate.
 
     ``max_tokens`` when it fits beside the prompt, the rest of the context when it is None.
@@ -76,16 +78,16 @@ def completion_budget(*, prompt_tokens: int, max_model_len: int, max_tokens: int
     """
     if prompt_tokens >= max_model_len:
         raise ContextLengthExceeded(
-            f"This model's maximum context length is {max_model_len} tokens, and the messages "
+            f"This model's maximum context length is {max_model_len} tokens, and the {where} "
             f"take {prompt_tokens} tokens, leaving no room for a completion.",
-            param="messages",
+            param=where,
         )
     room = max_model_len - prompt_tokens
     if max_tokens is None:
         return room
     if max_tokens > room:
         raise InvalidRequest(
-            f"max_tokens is {max_tokens}, but the messages take {prompt_tokens} of this "
+            f"max_tokens is {max_tokens}, but the {where} take {prompt_tokens} of this "
             f"model's {max_model_len}-token context, leaving room for {room}.",
             param="max_tokens",
         )

@@ -24,8 +24,11 @@ from services.edge.middleware.telemetry import telemetry_middleware
 from services.edge.observability import EdgeTelemetry
 from services.edge.pipeline import (
     CHAT_STAGE_ORDER,
+    COMPLETIONS_STAGE_ORDER,
     EDGE_ORDER,
+    EMBEDDINGS_STAGE_ORDER,
     MIDDLEWARE_ORDER,
+    STAGE_ORDERS,
     Next,
     build_chain,
     ordered_middlewares,
@@ -62,6 +65,12 @@ def test_the_chat_stage_order_is_pinned() -> None:
         "route",
         "stream",
     )
+
+
+def test_every_endpoint_passes_the_same_stages_up_to_its_terminal() -> None:
+    assert COMPLETIONS_STAGE_ORDER == CHAT_STAGE_ORDER
+    assert (*CHAT_STAGE_ORDER[:-1], "embed") == EMBEDDINGS_STAGE_ORDER
+    assert set(STAGE_ORDERS) == {"chat", "completions", "embeddings"}
 
 
 @dataclass
@@ -117,8 +126,11 @@ def test_duplicate_stages_are_refused() -> None:
 async def test_the_edge_wires_every_declared_stage_in_order(redis_url: str) -> None:
     import redis.asyncio as aioredis
 
-    from services.edge.app import chat_stages
+    from services.edge.app import chat_stages, completions_stages, embeddings_stages
     from services.edge.server import EdgeConfig, EdgeServer
+    from services.edge.stages.admit import Admit
+    from services.edge.stages.route import Route
+    from services.edge.stages.validate import Validate
     from services.edge.tenancy.apikeys import KeyHasher
     from services.edge.upstream.router_client import RouterClient
 
@@ -128,8 +140,17 @@ async def test_the_edge_wires_every_declared_stage_in_order(redis_url: str) -> N
         router=RouterClient("127.0.0.1:1"),
         hasher=KeyHasher(b"pipeline-test-pepper"),
     )
-    stages, terminal = chat_stages(server.deps)
-    assert (*(s.name for s in stages), terminal.name) == CHAT_STAGE_ORDER
+    built = {
+        "chat": chat_stages(server.deps),
+        "completions": completions_stages(server.deps),
+        "embeddings": embeddings_stages(server.deps),
+    }
+    for endpoint, (stages, terminal) in built.items():
+        assert (*(s.name for s in stages), terminal.name) == STAGE_ORDERS[endpoint]
+        # validate, admit and route speak the endpoint's dialect
+        for stage in stages:
+            if isinstance(stage, Validate | Admit | Route):
+                assert stage._dialect.endpoint == endpoint
     await server.stop()
 
 

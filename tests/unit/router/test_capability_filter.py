@@ -14,7 +14,7 @@ from services.common.capabilities import (
 )
 from services.common.errors import InvalidRequest, Unavailable
 from services.router.scheduling.filters.capability import CapabilityFilter
-from services.router.scheduling.framework import WeightedScorer
+from services.router.scheduling.framework import SchedulerProfile, WeightedScorer
 from services.router.scheduling.scorers.latency import LatencyScorer
 from services.router.scheduling.types import ModelState, ModelStatus, NoCandidate
 from services.router.service import error_for, query_from_pb
@@ -32,7 +32,7 @@ def serving(caps: Capabilities) -> tuple[ModelStatus, ...]:
     return (ModelStatus("m", ModelState.READY, capabilities=caps),)
 
 
-def sched():  # type: ignore[no-untyped-def]
+def sched() -> SchedulerProfile:
     return profile(WeightedScorer(LatencyScorer(tau_ms=50, unknown_score=0.25), 1.0))
 
 

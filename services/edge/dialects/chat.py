@@ -1,0 +1,87 @@
+"""POST /v1/chat/completions as the shared stages see it (parse, budget, route request)."""
+
+from __future__ import annotations
+
+from meridian.v1 import router_pb2
+from services.common.capabilities import Needs
+from services.common.errors import InvalidRequest
+from services.edge.context import ChatContext
+from services.edge.counters import EdgeCounters
+from services.edge.dialects.base import base_route_request
+from services.edge.openai_types import ChatCompletionRequest, parse_chat_request
+from services.edge.prompt import estimate_prompt_tokens, prefix_hashes
+from services.edge.request_limits import RequestLimits
+
+
+def chat_needs(body: ChatCompletionRequest) -> Needs:
+    """What a chat request needs of a worker (the router's ``capability`` filter): tools when
+    tools may be called (a parser on the worker), structured outputs for a JSON response
+    format or a forced tool choice (``required`` / a named function), and ``n`` choices."""
+    forced = body.uses_tools() and body.tool_choice_mode() in ("required", "function")
+    return Needs(
+        endpoint="chat",
+        logprobs=body.top_logprobs or 0 if body.logprobs else 0,
+        tools=body.uses_tools(),
+        structured_outputs=body.response_format_type() != "text" or forced,
+        n=body.choices(),
+    )
+
+
+class ChatDialect:
+    endpoint = "chat"
+    id_prefix = "chatcmpl-"
+
+    def accept(
+        self, raw: bytes, ctx: ChatContext, limits: RequestLimits, counters: EdgeCounters
+    ) -> str:
+        try:
+            body = parse_chat_request(raw)
+        except InvalidRequest:
+            counters.invalid_requests += 1
+            raise
+        if len(body.messages) > limits.max_messages:
+            counters.too_many_messages += 1
+            raise InvalidRequest(
+                f"Too many messages: {len(body.messages)} (at most {limits.max_messages}).",
+                param="messages",
+            )
+        if body.choices() > limits.max_choices:
+            counters.invalid_requests += 1
+            raise InvalidRequest(
+                f"Invalid value for 'n': {body.n} is more than this deployment's "
+                f"{limits.max_choices} choices per request.",
+                param="n",
+            )
+        chars = sum(len(m.text()) for m in body.messages)
+        if chars > limits.max_prompt_chars:
+            counters.prompts_too_long += 1
+            raise InvalidRequest(
+                f"The messages are {chars} characters long (at most {limits.max_prompt_chars}).",
+                param="messages",
+                code="prompt_too_long",
+            )
+        ctx.body = body
+        ctx.prompt_tokens_estimate = estimate_prompt_tokens(body)
+        return body.model
+
+    def completion_budget(self, ctx: ChatContext) -> int | None:
+        assert ctx.body is not None
+        return ctx.body.effective_max_tokens()
+
+    def route_request(
+        self, ctx: ChatContext, *, site: str, exclude: tuple[str, ...] = ()
+    ) -> router_pb2.RouteRequest:
+        body = ctx.body
+        assert body is not None, "after validate"
+        return base_route_request(
+            ctx,
+            model=body.model,
+            site=site,
+            exclude=exclude,
+            max_tokens=(body.effective_max_tokens() or 0) * body.choices(),
+            prefix_hashes=prefix_hashes(body),
+            needs=chat_needs(body).to_pb(),
+        )
+
+
+CHAT = ChatDialect()

@@ -1,0 +1,184 @@
+"""The OpenAI completions and embeddings requests, as the edge accepts them (pydantic).
+
+As with chat (``openai_types``), a validation failure becomes one ``InvalidRequest`` whose
+``param`` is the offending field's path; an input is named by its index (``input[3]``,
+``prompt[1]``), which is what the OpenAI SDK shows users. Checks that depend on the deployment
+(``suffix``, ``echo``, ``dimensions`` and which models embed) are the router's capability
+filter's: a request no worker can serve gets a 400 naming the field from there.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+
+from services.common import limits
+from services.common.errors import InvalidRequest
+from services.edge.openai_types import Penalty, Probability, StreamOptions, Text
+
+TokenId = Annotated[StrictInt, Field(ge=0, le=limits.MAX_TOKEN_ID)]
+TokenIds = Annotated[list[TokenId], Field(max_length=limits.MAX_PROMPT_TOKEN_IDS)]
+PromptText = Annotated[Text, Field(max_length=limits.MAX_CONTENT_CHARS)]
+
+#: One prompt or input as the client may write it.
+Prompt = PromptText | TokenIds
+
+
+def prompts_of(value: Any) -> list[str | list[int]]:
+    """``"text"`` | ``["a", "b"]`` | ``[1, 2, 3]`` | ``[[1, 2], [3]]`` → one entry per prompt.
+
+    The four shapes OpenAI accepts, told apart by the first element; anything mixed is a 400
+    naming the element (``prompt[2]``) — the caller renames it for embeddings (``input``)."""
+    if isinstance(value, str):
+        return [value]
+    if not isinstance(value, list) or not value:
+        raise ValueError("must be a string, a list of strings, token ids or lists of token ids")
+    if _is_token(value[0]):
+        for i, x in enumerate(value):
+            if not _is_token(x):
+                raise _ElementError(
+                    i, "must be a token id (an integer) like the elements before it"
+                )
+        return [list(value)]
+    return list(value)
+
+
+def _is_token(x: Any) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool)
+
+
+class _ElementError(ValueError):
+    def __init__(self, index: int, message: str) -> None:
+        super().__init__(message)
+        self.index = index
+
+
+class CompletionRequest(BaseModel):
+    """POST /v1/completions (OpenAI's legacy text completions)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: Annotated[Text, Field(min_length=1, max_length=limits.MAX_MODEL_NAME_CHARS)]
+    prompt: Any
+    stream: StrictBool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: Annotated[StrictInt, Field(ge=1, le=limits.MAX_TOKENS_CEILING)] | None = None
+    temperature: (
+        Annotated[float, Field(ge=limits.TEMPERATURE_RANGE[0], le=limits.TEMPERATURE_RANGE[1])]
+        | None
+    ) = None
+    top_p: Probability | None = None
+    n: Annotated[StrictInt, Field(ge=1, le=1)] | None = None
+    best_of: Annotated[StrictInt, Field(ge=1, le=1)] | None = None
+    stop: (
+        Annotated[Text, Field(min_length=1, max_length=limits.MAX_STOP_LENGTH)]
+        | Annotated[
+            list[Annotated[Text, Field(min_length=1, max_length=limits.MAX_STOP_LENGTH)]],
+            Field(max_length=limits.MAX_STOP_SEQUENCES),
+        ]
+        | None
+    ) = None
+    seed: Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)] | None = None
+    presence_penalty: Penalty | None = None
+    frequency_penalty: Penalty | None = None
+    logprobs: Annotated[StrictInt, Field(ge=0, le=limits.MAX_TOP_LOGPROBS)] | None = None
+    echo: StrictBool = False
+    suffix: Annotated[Text, Field(max_length=limits.MAX_CONTENT_CHARS)] | None = None
+    user: Annotated[Text, Field(max_length=256)] | None = None
+    ignore_eos: StrictBool = False
+
+    @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", mode="before")
+    @classmethod
+    def _strict_number(cls, v: Any) -> Any:
+        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+            raise ValueError("must be a number")
+        return v
+
+    def prompts(self, max_prompts: int) -> list[str | list[int]]:
+        """The prompts, each checked (a 400 names ``prompt`` or ``prompt[i]``)."""
+        return checked_inputs(self.prompt, "prompt", max_items=max_prompts, max_chars=None)
+
+    def stop_list(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+    def include_usage(self) -> bool:
+        return bool(self.stream_options and self.stream_options.include_usage)
+
+
+class EmbeddingRequest(BaseModel):
+    """POST /v1/embeddings."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    model: Annotated[Text, Field(min_length=1, max_length=limits.MAX_MODEL_NAME_CHARS)]
+    input: Any
+    encoding_format: Literal["float", "base64"] = "float"
+    dimensions: Annotated[StrictInt, Field(ge=1, le=65536)] | None = None
+    user: Annotated[Text, Field(max_length=256)] | None = None
+
+
+def checked_inputs(
+    value: Any, param: str, *, max_items: int, max_chars: int | None
+) -> list[str | list[int]]:
+    """The prompts or inputs of a request, each non-empty and within bounds; a bad one is
+    named by its index (``input[3]``), a bad whole by the field (``input``)."""
+    try:
+        items = prompts_of(value)
+    except _ElementError as err:
+        where = f"{param}[{err.index}]"
+        raise InvalidRequest(f"Invalid value for '{where}': {err}.", param=where) from None
+    except ValueError as err:
+        raise InvalidRequest(f"Invalid value for '{param}': {err}.", param=param) from None
+    if len(items) > max_items:
+        raise InvalidRequest(
+            f"'{param}' holds {len(items)} items; at most {max_items} are accepted.",
+            param=param,
+        )
+    single = isinstance(value, str) or _is_token(value[0])  # one prompt, not a list of them
+    out: list[str | list[int]] = []
+    for i, item in enumerate(items):
+        where = param if single else f"{param}[{i}]"
+        if isinstance(item, str):
+            if not item:
+                raise InvalidRequest(f"'{where}' must not be empty.", param=where)
+            _check_text(item, where, max_chars)
+        elif isinstance(item, list):
+            if not item:
+                raise InvalidRequest(f"'{where}' must not be empty.", param=where)
+            if len(item) > limits.MAX_PROMPT_TOKEN_IDS:
+                raise InvalidRequest(
+                    f"'{where}' holds more than {limits.MAX_PROMPT_TOKEN_IDS} tokens.", param=where
+                )
+            for tok in item:
+                if (
+                    isinstance(tok, bool)
+                    or not isinstance(tok, int)
+                    or not 0 <= tok <= limits.MAX_TOKEN_ID
+                ):
+                    raise InvalidRequest(
+                        f"'{where}' must hold token ids (integers 0..{limits.MAX_TOKEN_ID}).",
+                        param=where,
+                    )
+        else:
+            raise InvalidRequest(f"'{where}' must be a string or a list of token ids.", param=where)
+        out.append(item)
+    return out
+
+
+def _check_text(text: str, where: str, max_chars: int | None) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise InvalidRequest(
+            f"'{where}' contains an invalid Unicode escape (lone surrogate).", param=where
+        ) from None
+    limit = max_chars if max_chars is not None else limits.MAX_CONTENT_CHARS
+    if len(text) > limit:
+        raise InvalidRequest(
+            f"'{where}' is {len(text)} characters long (at most {limit}).",
+            param=where,
+            code="input_too_long",
+        )

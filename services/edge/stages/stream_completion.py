@@ -1,0 +1,306 @@
+"""The ``stream`` stage of POST /v1/completions, terminal: one token stream per prompt (each
+prompt is a choice, ``index`` in prompt order), opened with failover like chat's, answered as
+one ``text_completion`` or as SSE chunks interleaved as the choices' tokens arrive, then
+``[DONE]``.
+
+It is the chat stream stage (:class:`~services.edge.stages.stream.Stream`) with the
+endpoint's own request and rendering: keep-alives before a slow first token, bounded writes,
+client disconnect cancelling every worker call, errors after the headers as an SSE error
+payload — all inherited. Usage is summed over the choices, and ``ctx.tokens_used`` follows
+it, so the admit stage settles the reservation with what was really used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from aiohttp import web
+
+from meridian.v1 import worker_pb2
+from services.common.errors import MeridianError
+from services.common.logs import event
+from services.edge.context import ChatContext
+from services.edge.openai_completions import CompletionRequest
+from services.edge.openai_types import now_s
+from services.edge.render import FINISH_REASONS, SSE_DONE, SSE_KEEPALIVE, sse_data
+from services.edge.render_completion import (
+    CompletionChunkRenderer,
+    LogprobsBuilder,
+    choice,
+    completion_body,
+)
+from services.edge.stages.stream import ClientGone, Stream, _fingerprint, _route_headers
+from services.edge.upstream.failover import UpstreamStream, open_stream
+
+log = logging.getLogger("meridian.edge")
+
+
+def generate_request(
+    ctx: ChatContext, prompt: str | list[int], *, request_id: str, decision_id: str
+) -> worker_pb2.GenerateRequest:
+    """One prompt's Generate request: the raw prompt (no chat template), echo, sampling."""
+    body = ctx.completion
+    assert body is not None and ctx.principal is not None, "after authenticate and validate"
+    tenant = ctx.principal.tenant
+    req = worker_pb2.GenerateRequest(
+        request_id=request_id,
+        decision_id=decision_id,
+        model=body.model,
+        tenant_id=tenant.tenant_id,
+        priority=tenant.tier.priority(),
+        echo=body.echo,
+    )
+    if isinstance(prompt, str):
+        req.raw_prompt.text = prompt
+    else:
+        req.raw_prompt.token_ids.extend(prompt)
+    s = req.sampling
+    if body.temperature is not None:
+        s.temperature = body.temperature
+    if body.top_p is not None:
+        s.top_p = body.top_p
+    if body.max_tokens is not None:
+        s.max_tokens = body.max_tokens
+    s.stop.extend(body.stop_list())
+    if body.seed is not None:
+        s.seed = body.seed
+    if body.presence_penalty is not None:
+        s.presence_penalty = body.presence_penalty
+    if body.frequency_penalty is not None:
+        s.frequency_penalty = body.frequency_penalty
+    s.logprobs = body.logprobs is not None
+    s.top_logprobs = body.logprobs or 0
+    s.ignore_eos = body.ignore_eos
+    return req
+
+
+class _Choice:
+    """One prompt's stream as it is read: text, logprobs, last chunk."""
+
+    def __init__(self, index: int, upstream: UpstreamStream, logprobs: bool) -> None:
+        self.index = index
+        self.upstream = upstream
+        self.last = upstream.first
+        self.text: list[str] = []
+        self.logprobs = LogprobsBuilder() if logprobs else None
+
+    def take(self, chunk: worker_pb2.GenerateChunk) -> tuple[str, dict[str, object] | None]:
+        """This chunk's text (the echoed prompt first) and logprobs delta."""
+        self.last = chunk
+        text = chunk.prompt_text + chunk.text
+        self.text.append(text)
+        if self.logprobs is None:
+            return text, None
+        if chunk.prompt_logprobs:
+            self.logprobs.add(chunk.prompt_logprobs, prompt=True)
+        elif chunk.prompt_text:
+            self.logprobs.skip_text(chunk.prompt_text)
+        self.logprobs.add(chunk.logprobs)
+        return text, self.logprobs.delta()
+
+    def finish(self) -> str:
+        return FINISH_REASONS.get(self.last.finish_reason, "stop")
+
+
+def _summed(choices: list[_Choice]) -> worker_pb2.Usage:
+    usage = worker_pb2.Usage()
+    for c in choices:
+        usage.prompt_tokens += c.last.usage.prompt_tokens
+        usage.completion_tokens += c.last.usage.completion_tokens
+        usage.cached_prompt_tokens += c.last.usage.cached_prompt_tokens
+    return usage
+
+
+class CompletionStream(Stream):
+    """The terminal stage of POST /v1/completions (see the module docstring)."""
+
+    done_event = "completion.completed"
+    operation = "text_completion"
+
+    async def __call__(self, ctx: ChatContext) -> web.StreamResponse:
+        body = ctx.completion
+        assert body is not None and ctx.route is not None and ctx.reroute is not None
+        prompts = ctx.prompts
+        openings = [
+            asyncio.ensure_future(self._open(ctx, i, p, single=len(prompts) == 1))
+            for i, p in enumerate(prompts)
+        ]
+        try:
+            if body.stream:
+                return await self._stream_all(ctx, body, openings)
+            return await self._complete_all(ctx, body, openings)
+        except asyncio.CancelledError:
+            self._counters.client_disconnects += 1
+            raise
+        finally:
+            for opening in openings:
+                if not opening.done():
+                    opening.cancel()
+                    with contextlib.suppress(asyncio.CancelledError, MeridianError):
+                        await opening
+                elif not opening.cancelled() and opening.exception() is None:
+                    opening.result().cancel()
+
+    def _open(
+        self, ctx: ChatContext, index: int, prompt: str | list[int], *, single: bool
+    ) -> asyncio.Future[UpstreamStream]:
+        assert ctx.route is not None and ctx.reroute is not None
+        base = ctx.request_id if single else f"{ctx.request_id}-{index}"
+
+        def generate(request_id: str, decision_id: str) -> worker_pb2.GenerateRequest:
+            return generate_request(ctx, prompt, request_id=request_id, decision_id=decision_id)
+
+        return asyncio.ensure_future(
+            open_stream(
+                first_route=ctx.route,
+                reroute=ctx.reroute,
+                outcomes=self._router,
+                workers=self._workers,
+                request_id=base,
+                generate=generate,
+                policy=self._policy,
+                tracer=self._telemetry.tracer,
+            )
+        )
+
+    def _track(self, ctx: ChatContext, choices: list[_Choice]) -> None:
+        usage = _summed(choices)
+        ctx.tokens_used = usage.prompt_tokens + usage.completion_tokens
+
+    async def _complete_all(
+        self,
+        ctx: ChatContext,
+        body: CompletionRequest,
+        openings: list[asyncio.Future[UpstreamStream]],
+    ) -> web.StreamResponse:
+        upstreams = await asyncio.gather(*openings)
+        choices = [_Choice(i, u, body.logprobs is not None) for i, u in enumerate(upstreams)]
+
+        async def read(c: _Choice) -> None:
+            async for chunk in c.upstream.chunks():
+                c.take(chunk)
+                self._track(ctx, choices)
+
+        await asyncio.gather(*(read(c) for c in choices))
+        for c in choices:
+            self._log_done(ctx, c.upstream, c.last)
+        self._counters.completions += 1
+        payload = completion_body(
+            completion_id=ctx.request_id,
+            model=body.model,
+            created=now_s(),
+            fingerprint=_fingerprint(upstreams[0]),
+            choices=[
+                choice(
+                    index=c.index,
+                    text="".join(c.text),
+                    logprobs=c.logprobs.as_dict() if c.logprobs is not None else None,
+                    finish=c.finish(),
+                )
+                for c in choices
+            ],
+            usage=_summed(choices),
+        )
+        return web.json_response(payload, headers={**ctx.headers, **_route_headers(upstreams[0])})
+
+    async def _stream_all(
+        self,
+        ctx: ChatContext,
+        body: CompletionRequest,
+        openings: list[asyncio.Future[UpstreamStream]],
+    ) -> web.StreamResponse:
+        all_open = asyncio.ensure_future(asyncio.gather(*openings))
+        resp: web.StreamResponse | None = None
+        try:
+            done, _ = await asyncio.wait({all_open}, timeout=self._keepalive_after_s)
+            if not done:
+                resp = await self._start_sse(ctx, {})
+                while True:
+                    done, _ = await asyncio.wait({all_open}, timeout=self._keepalive_every_s)
+                    if done:
+                        break
+                    await self._write(ctx, resp, SSE_KEEPALIVE)
+            try:
+                upstreams = all_open.result()
+            except MeridianError as err:
+                if resp is None:
+                    raise
+                self._counters.stream_errors += 1
+                await self._write(ctx, resp, sse_data(err.to_openai()))
+                await self._write(ctx, resp, SSE_DONE)
+                return resp
+            if resp is None:
+                resp = await self._start_sse(ctx, _route_headers(upstreams[0]))
+        except ClientGone:
+            assert resp is not None
+            return resp
+        finally:
+            if not all_open.done():
+                all_open.cancel()
+        render = CompletionChunkRenderer(
+            completion_id=ctx.request_id,
+            model=body.model,
+            created=now_s(),
+            fingerprint=_fingerprint(upstreams[0]),
+            usage=body.include_usage(),
+        )
+        choices = [_Choice(i, u, body.logprobs is not None) for i, u in enumerate(upstreams)]
+        queue: asyncio.Queue[tuple[_Choice, worker_pb2.GenerateChunk | MeridianError]] = (
+            asyncio.Queue()
+        )
+
+        async def pump(c: _Choice) -> None:
+            try:
+                async for chunk in c.upstream.chunks():
+                    await queue.put((c, chunk))
+            except MeridianError as err:
+                await queue.put((c, err))
+
+        pumps = [asyncio.ensure_future(pump(c)) for c in choices]
+        open_choices = len(choices)
+        try:
+            while open_choices:
+                c, item = await queue.get()
+                if isinstance(item, MeridianError):
+                    raise item
+                text, lps = c.take(item)
+                self._track(ctx, choices)
+                finished = item.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED
+                if text or (lps and lps["tokens"]):
+                    await self._write(
+                        ctx, resp, render.chunk(index=c.index, text=text, logprobs=lps, finish=None)
+                    )
+                if finished:
+                    open_choices -= 1
+                    await self._write(
+                        ctx,
+                        resp,
+                        render.chunk(index=c.index, text="", logprobs=None, finish=c.finish()),
+                    )
+            if body.include_usage():
+                await self._write(ctx, resp, render.usage(_summed(choices)))
+            await self._write(ctx, resp, SSE_DONE)
+            self._counters.completions += 1
+        except MeridianError as err:
+            self._counters.stream_errors += 1
+            event(
+                log,
+                "stream.failed",
+                level=logging.WARNING,
+                request_id=ctx.request_id,
+                error=err.message,
+            )
+            with contextlib.suppress(ClientGone):
+                await self._write(ctx, resp, sse_data(err.to_openai()))
+                await self._write(ctx, resp, SSE_DONE)
+        except ClientGone:
+            pass
+        finally:
+            for p in pumps:
+                p.cancel()
+            for c in choices:
+                c.upstream.cancel()
+                self._log_done(ctx, c.upstream, c.last)
+        return resp

@@ -1,0 +1,176 @@
+"""One Embed call on the best worker that answers, with failover (POST /v1/embeddings).
+
+The unary counterpart of :mod:`.failover`: the router's ranked candidates in order, a worker
+that refuses or fails (busy, draining, gone, too slow) costs the client nothing, the next one
+is tried, and when the list runs out the router is asked once more with the tried workers
+excluded. A bad request (an empty input, ``dimensions`` the model cannot give) ends it at once.
+Every attempt is a CLIENT span ``edge.attempt`` whose context travels to the worker's
+``worker.Embed`` span, and its outcome goes to the router (in-flight accounting, ejection).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import grpc
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind, Status, StatusCode
+
+from meridian.v1 import router_pb2, worker_pb2
+from meridian.v1.router_pb2 import Outcome
+from services.common import metric_names as mn
+from services.common.errors import (
+    MeridianError,
+    Unavailable,
+    UpstreamTimeout,
+    is_retryable_elsewhere,
+)
+from services.common.logs import event
+from services.common.tracecontext import inject_metadata
+from services.edge.context import Reroute
+from services.edge.upstream.failover import (
+    _REFUSALS,
+    FailoverPolicy,
+    OutcomeSink,
+    _stream_error,
+)
+from services.edge.upstream.router_client import RouteResult
+from services.edge.upstream.worker_pool import WorkerPool
+
+log = logging.getLogger("meridian.edge.failover")
+
+#: ``(request_id, decision_id) -> fresh EmbedRequest`` for one attempt.
+EmbedFactory = Callable[[str, str], worker_pb2.EmbedRequest]
+
+
+@dataclass(frozen=True, slots=True)
+class Embedded:
+    response: worker_pb2.EmbedResponse
+    candidate: router_pb2.Candidate
+    attempts: int
+
+
+async def embed_with_failover(
+    *,
+    first_route: RouteResult,
+    reroute: Reroute,
+    outcomes: OutcomeSink,
+    workers: WorkerPool,
+    request_id: str,
+    build: EmbedFactory,
+    policy: FailoverPolicy,
+    tracer: trace.Tracer,
+) -> Embedded:
+    tried: list[str] = []
+    last_error: MeridianError | None = None
+    route = first_route
+    while True:
+        for cand in route.candidates:
+            if len(tried) >= policy.max_attempts:
+                break
+            if cand.worker_id in tried:
+                continue
+            tried.append(cand.worker_id)
+            attempt_id = request_id if len(tried) == 1 else f"{request_id}.{len(tried)}"
+            try:
+                resp = await _attempt(
+                    outcomes=outcomes,
+                    workers=workers,
+                    cand=cand,
+                    decision_id=route.decision_id,
+                    request=build(attempt_id, route.decision_id),
+                    policy=policy,
+                    attempts=len(tried),
+                    tracer=tracer,
+                )
+                return Embedded(resp, cand, len(tried))
+            except MeridianError as err:
+                if not is_retryable_elsewhere(err):
+                    raise
+                last_error = err
+                event(
+                    log,
+                    "attempt.failed",
+                    level=logging.WARNING,
+                    request_id=request_id,
+                    worker_id=cand.worker_id,
+                    region=cand.region,
+                    error=err.message,
+                )
+        if not policy.reroute or len(tried) >= policy.max_attempts:
+            break
+        try:
+            route = await reroute(tuple(tried))
+        except MeridianError as err:
+            last_error = last_error or err
+            break
+        if not route.candidates:
+            break
+    raise Unavailable(
+        "no worker could embed this request"
+        + (f"; last error: {last_error.message}" if last_error else ""),
+        retry_after_s=1.0,
+    )
+
+
+async def _attempt(
+    *,
+    outcomes: OutcomeSink,
+    workers: WorkerPool,
+    cand: router_pb2.Candidate,
+    decision_id: str,
+    request: worker_pb2.EmbedRequest,
+    policy: FailoverPolicy,
+    attempts: int,
+    tracer: trace.Tracer,
+) -> worker_pb2.EmbedResponse:
+    parent = trace.get_current_span()
+    span: trace.Span
+    if parent.is_recording():
+        span = tracer.start_span(
+            "edge.attempt",
+            kind=SpanKind.CLIENT,
+            attributes={
+                mn.WORKER: cand.worker_id,
+                mn.REGION: cand.region,
+                mn.OPERATION: "embeddings",
+                "meridian.attempt": attempts,
+                "server.address": cand.address,
+            },
+        )
+    else:
+        span = trace.NonRecordingSpan(parent.get_span_context())
+    metadata = inject_metadata(trace.set_span_in_context(span))
+    outcome: Outcome = router_pb2.OUTCOME_CANCELLED
+    try:
+        resp = await workers.embed(
+            cand.address, request, timeout_s=policy.first_token_timeout_s, metadata=metadata
+        )
+        outcome = router_pb2.OUTCOME_SUCCESS
+        span.set_attribute("gen_ai.usage.input_tokens", resp.usage.prompt_tokens)
+        return resp
+    except grpc.aio.AioRpcError as err:
+        span.set_attribute("rpc.grpc.status_code", err.code().value[0])
+        if err.code() == grpc.StatusCode.DEADLINE_EXCEEDED:
+            outcome = router_pb2.OUTCOME_FAILED
+            raise UpstreamTimeout("the worker did not answer in time") from None
+        mapped = _stream_error(err)
+        if not is_retryable_elsewhere(mapped):
+            outcome = router_pb2.OUTCOME_CANCELLED  # the request's fault, not the worker's
+        elif err.trailing_metadata() and err.code() in _REFUSALS:
+            outcome = router_pb2.OUTCOME_REJECTED
+        else:
+            outcome = router_pb2.OUTCOME_FAILED
+        raise mapped from None
+    finally:
+        span.set_attribute(mn.OUTCOME, router_pb2.Outcome.Name(outcome))
+        if outcome != router_pb2.OUTCOME_SUCCESS:
+            span.set_status(Status(StatusCode.ERROR))
+        span.end()
+        outcomes.report_outcome(
+            router_pb2.OutcomeReport(
+                decision_id=decision_id, worker_id=cand.worker_id, outcome=outcome
+            )
+        )
