@@ -152,6 +152,9 @@ class ResumeInput:
     delivered_text_tail: str = ""
     origin_request_id: str = ""
     migrations: int = 1
+
+
+@dataclass(frozen=True, slots=True)
 class RawPrompt:
     """A prompt without a chat template: text, or token ids (exactly one is set)."""
 

@@ -396,12 +396,17 @@ class Stream:
     def _log_done(
         self,
         ctx: ChatContext,
-        stream: MigratingStream,
+        stream: MigratingStream | UpstreamStream,
         last: worker_pb2.GenerateChunk,
         *,
         tool_calls: int = 0,
     ) -> None:
-        upstream = stream.current
+        """The request's metrics and its log line. ``stream``: a chat stream (which may have
+        migrated), or one of a completions request's plain streams."""
+        if isinstance(stream, MigratingStream):
+            upstream, migrations = stream.current, stream.migrations
+        else:
+            upstream, migrations = stream, 0
         self._telemetry.record_completion(
             model=ctx.model or (ctx.body.model if ctx.body else ""),
             operation=self.operation,
@@ -422,7 +427,7 @@ class Stream:
             worker_id=upstream.candidate.worker_id,
             region=upstream.candidate.region,
             attempts=upstream.attempts,
-            migrations=stream.migrations,
+            migrations=migrations,
             ttft_ms=round(stream.ttft_ms, 2),
             duration_ms=round((time.monotonic() - ctx.started) * 1000, 2),
             prompt_tokens=last.usage.prompt_tokens,
@@ -432,7 +437,7 @@ class Stream:
         )
 
 
-def _feature_fields(body: ChatCompletionRequest | None, tool_calls: int) -> dict[str, object]:
+def _feature_fields(body: ChatCompletionRequest | None, tool_calls: int) -> dict[str, Any]:
     """Log fields for the chat-completions features a request used (none for plain chat)."""
     if body is None or (not body.tools and body.choices() == 1 and body.response_format is None):
         return {}
@@ -444,7 +449,9 @@ def _feature_fields(body: ChatCompletionRequest | None, tool_calls: int) -> dict
     }
 
 
-def _route_headers(upstream: UpstreamStream, stream: MigratingStream | None) -> dict[str, str]:
+def _route_headers(
+    upstream: UpstreamStream, stream: MigratingStream | None = None
+) -> dict[str, str]:
     headers = {
         "x-meridian-region": upstream.candidate.region,
         "x-meridian-worker": upstream.candidate.worker_id,

@@ -19,7 +19,7 @@ import logging
 from aiohttp import web
 
 from meridian.v1 import worker_pb2
-from services.common.errors import MeridianError
+from services.common.errors import MeridianError, Unavailable
 from services.common.logs import event
 from services.edge.context import ChatContext
 from services.edge.openai_completions import CompletionRequest
@@ -87,7 +87,11 @@ class _Choice:
         self.logprobs = LogprobsBuilder() if logprobs else None
 
     def take(self, chunk: worker_pb2.GenerateChunk) -> tuple[str, dict[str, object] | None]:
-        """This chunk's text (the echoed prompt first) and logprobs delta."""
+        """This chunk's text (the echoed prompt first) and logprobs delta. A stream the worker
+        hands back unfinished (its drain ended) is an error here: completions streams are not
+        migrated (only chat's are, services/edge/migration/)."""
+        if chunk.finish_reason == worker_pb2.FINISH_REASON_ABORT:
+            raise Unavailable("the worker stopped before this completion finished")
         self.last = chunk
         text = chunk.prompt_text + chunk.text
         self.text.append(text)
