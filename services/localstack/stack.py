@@ -73,6 +73,7 @@ class LocalStack:
         edge_port: int = 8080,
         redis_url: str | None = None,
         vllm_model_path: Path | None = None,
+        vllm_embedding_model_path: Path | None = None,
         router_profile: Path | None = None,
         log_level: str = "info",
         python: str = sys.executable,
@@ -87,6 +88,7 @@ class LocalStack:
         self.edge_port = edge_port
         self._redis_url = redis_url
         self._vllm_model_path = vllm_model_path
+        self._vllm_embedding_model_path = vllm_embedding_model_path
         self._router_profile = router_profile
         self._log_level = log_level
         self._python = python
@@ -164,6 +166,11 @@ class LocalStack:
         if self.engine == "vllm":
             for region, count in self.config.vllm_regions.items():
                 plan += [(f"{region}-vllm-{i + 1}", region, "vllm") for i in range(count)]
+            if self._vllm_embedding_model_path is not None:
+                for region, count in self.config.vllm_embedding_regions.items():
+                    plan += [
+                        (f"{region}-vllm-embed-{i + 1}", region, "vllm-embed") for i in range(count)
+                    ]
         else:
             for spec in self.config.regions:
                 plan += [(f"{spec.name}-{i + 1}", spec.name, "sim") for i in range(spec.workers)]
@@ -190,6 +197,20 @@ class LocalStack:
                 args += ["--model", self.config.model]
                 if self.config.sim:
                     args += ["--sim-config", str(sim_file)]
+            elif engine == "vllm-embed":
+                assert self._vllm_embedding_model_path is not None
+                args[args.index("vllm-embed")] = "vllm"
+                args += [
+                    "--model",
+                    str(self._vllm_embedding_model_path),
+                    "--served-model-name",
+                    self.config.vllm_embedding_model,
+                    "--runner",
+                    "pooling",
+                ]
+                for key, value in self.config.vllm_options.items():
+                    flag = "--" + key.replace("_", "-")
+                    args += [flag] if value is True else [flag, str(value)]
             else:
                 assert self._vllm_model_path is not None
                 args += [

@@ -81,9 +81,17 @@ def tokenizer(tiny_model_dir: Path) -> Any:
 
 
 async def test_models_report_ready_after_start(engine: VllmEngine) -> None:
-    assert engine.models() == [
-        ModelDescription(name=SERVED_NAME, state=ModelState.READY, max_model_len=256, engine="vllm")
-    ]
+    (model,) = engine.models()
+    assert model == ModelDescription(
+        name=SERVED_NAME,
+        state=ModelState.READY,
+        max_model_len=256,
+        engine="vllm",
+        capabilities=model.capabilities,
+    )
+    caps = model.capabilities
+    assert (caps.chat, caps.completions, caps.echo, caps.embeddings) == (True, True, True, False)
+    assert caps.max_context_len == 256
     assert engine.failure is None
 
 
