@@ -22,8 +22,8 @@ from services.worker.engine import (
     FinishReason,
     ModelDescription,
     ModelState,
-    ResponseFormat,
     RawPrompt,
+    ResponseFormat,
     SamplingOptions,
     ToolCall,
     ToolChoice,
@@ -186,9 +186,7 @@ def request_from_pb(pb: worker_pb2.GenerateRequest) -> EngineRequest:
                 f"messages[{i}].content is longer than {limits.MAX_CONTENT_CHARS} characters",
                 param=f"messages[{i}].content",
             )
-        calls = tuple(
-            ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in m.tool_calls
-        )
+        calls = tuple(ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in m.tool_calls)
         if calls and m.role != "assistant":
             raise InvalidRequest(
                 f"messages[{i}].tool_calls is only allowed on assistant messages",
@@ -246,9 +244,7 @@ def tools_from_pb(pb: worker_pb2.GenerateRequest) -> tuple[ToolSpec, ...]:
         seen.add(fn.name)
         params = from_struct(fn.parameters) if fn.HasField("parameters") else None
         out.append(
-            ToolSpec(
-                name=fn.name, description=fn.description, parameters=params, strict=fn.strict
-            )
+            ToolSpec(name=fn.name, description=fn.description, parameters=params, strict=fn.strict)
         )
     return tuple(out)
 
@@ -258,9 +254,7 @@ def tool_choice_from_pb(pb: worker_pb2.ToolChoice, tools: tuple[ToolSpec, ...]) 
     if mode is None:
         raise InvalidRequest("tool_choice has an unknown mode", param="tool_choice")
     if mode in ("required", "function") and not tools:
-        raise InvalidRequest(
-            f"tool_choice {mode!r} needs tools", param="tool_choice"
-        )
+        raise InvalidRequest(f"tool_choice {mode!r} needs tools", param="tool_choice")
     if mode == "function" and pb.function_name not in {t.name for t in tools}:
         raise InvalidRequest(
             f"tool_choice names function {pb.function_name!r}, which is not in tools",

@@ -43,9 +43,7 @@ async def traced_stack(
                 "sim": {"time_scale": 0.2},
             }
         )
-        stack = LocalStack(
-            config=config, run_dir=tmp_path / "run", edge_port=0, log_level="info"
-        )
+        stack = LocalStack(config=config, run_dir=tmp_path / "run", edge_port=0, log_level="info")
         await stack.start()
         try:
             yield stack, receiver

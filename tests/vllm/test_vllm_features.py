@@ -61,7 +61,9 @@ async def tools_engine(tiny_model_dir: Path) -> AsyncIterator[VllmEngine]:
             **{f: getattr(base, f) for f in base.__dataclass_fields__},
             "max_model_len": 512,
             "tool_call_parser": "hermes",
-            "enable_auto_tool_choice": True, "structured_outputs_compact": True, "structured_outputs_backend": "xgrammar",
+            "enable_auto_tool_choice": True,
+            "structured_outputs_compact": True,
+            "structured_outputs_backend": "xgrammar",
         }
     )
     eng = VllmEngine(config)
@@ -99,11 +101,14 @@ def assembled_calls(outputs: list[EngineOutput]) -> dict[int, dict[str, str]]:
 async def test_named_tool_choice_returns_a_call_that_validates(tools_engine: VllmEngine) -> None:
     outputs = await collect(
         tools_engine,
-        request("named", tools=TOOLS, tool_choice=ToolChoice(mode="function", function="get_weather")),
+        request(
+            "named", tools=TOOLS, tool_choice=ToolChoice(mode="function", function="get_weather")
+        ),
     )
     calls = assembled_calls(outputs)
     assert list(calls) == [0]
-    assert calls[0]["name"] == "get_weather" and calls[0]["id"]
+    assert calls[0]["name"] == "get_weather"
+    assert calls[0]["id"]
     jsonschema.validate(loads(calls[0]["arguments"]), WEATHER)
     assert outputs[-1].finish_reason is FinishReason.STOP  # named: "stop", as OpenAI
 

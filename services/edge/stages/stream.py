@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
+from typing import Any
 
 from aiohttp import web
 from opentelemetry import trace
@@ -364,7 +365,7 @@ class Stream:
         )
 
 
-def _feature_fields(body: ChatCompletionRequest | None, tool_calls: int) -> dict[str, object]:
+def _feature_fields(body: ChatCompletionRequest | None, tool_calls: int) -> dict[str, Any]:
     """Log fields for the chat-completions features a request used (none for plain chat)."""
     if body is None or (not body.tools and body.choices() == 1 and body.response_format is None):
         return {}

@@ -44,7 +44,7 @@ class SchemaGenerator:
         schema = self._resolve(schema)
         if "const" in schema:
             return schema["const"]
-        if "enum" in schema and schema["enum"]:
+        if schema.get("enum"):
             return self._rng.choice(list(schema["enum"]))
         for key in ("anyOf", "oneOf"):
             if schema.get(key):

@@ -136,9 +136,11 @@ class SimSequence:
         )
         if script is not None and produced >= len(script):
             self.finish_reason = script.finish
-        elif (not calls and self._cut_at_stop_string(before)) or at_eos:
-            self.finish_reason = FinishReason.STOP
-        elif tid in self.stop_token_ids and produced >= self.min_tokens:
+        elif (
+            (not calls and self._cut_at_stop_string(before))
+            or at_eos
+            or (tid in self.stop_token_ids and produced >= self.min_tokens)
+        ):
             self.finish_reason = FinishReason.STOP
         elif produced >= self.max_tokens or self.num_tokens >= self.max_model_len:
             self.finish_reason = FinishReason.LENGTH

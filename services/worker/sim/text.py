@@ -58,7 +58,9 @@ def render_chat(messages: Iterable[ChatTurn], tools: Sequence[ToolSpec] = ()) ->
         marker = f"<|{turn.role} name={turn.name}|>" if turn.name else f"<|{turn.role}|>"
         content = turn.content
         if turn.tool_calls:
-            calls = [{"id": c.id, "name": c.name, "arguments": c.arguments} for c in turn.tool_calls]
+            calls = [
+                {"id": c.id, "name": c.name, "arguments": c.arguments} for c in turn.tool_calls
+            ]
             content += json.dumps(calls)
         parts.append(f"{marker}\n{content}{END_MARKER}\n")
     parts.append("<|assistant|>\n")

@@ -342,9 +342,7 @@ class VllmEngine:
                 max_tokens=request.sampling.max_tokens,
                 where=where,
             )
-            params = self._sampling_params(
-                request.sampling, max_tokens, feature, echo=request.echo
-            )
+            params = self._sampling_params(request.sampling, max_tokens, feature, echo=request.echo)
             async for output in self._stream(llm, request, prompt_ids, params, feature):
                 yield output
         finally:
