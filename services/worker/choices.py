@@ -62,7 +62,7 @@ async def interleave(
             async with contextlib.aclosing(engine.generate(request)) as outputs:
                 async for out in outputs:
                     await queue.put((index, out))
-        except Exception as err:  # handed to the consumer, which raises it
+        except Exception as err:  # noqa: BLE001 -- handed to the consumer, which raises it
             await queue.put((index, err))
             return
         await queue.put((index, None))

@@ -62,12 +62,15 @@ async def test_auto_tool_choice_returns_calls_that_validate(stack: Stack) -> Non
     assert choice.finish_reason == "tool_calls"
     assert choice.message.content is None
     calls = choice.message.tool_calls
-    assert calls is not None and len(calls) == 1
+    assert calls is not None
+    assert len(calls) == 1
     call = calls[0]
-    assert call.type == "function" and call.id.startswith("call_")
-    assert call.function.name == "get_weather"  # type: ignore[union-attr]
-    jsonschema.validate(json.loads(call.function.arguments), WEATHER)  # type: ignore[union-attr]
-    assert done.usage is not None and done.usage.completion_tokens > 0
+    assert call.type == "function"
+    assert call.id.startswith("call_")
+    assert call.function.name == "get_weather"
+    jsonschema.validate(json.loads(call.function.arguments), WEATHER)
+    assert done.usage is not None
+    assert done.usage.completion_tokens > 0
 
 
 async def test_streamed_tool_calls_are_assembled_by_the_sdk(stack: Stack) -> None:
@@ -83,9 +86,9 @@ async def test_streamed_tool_calls_are_assembled_by_the_sdk(stack: Stack) -> Non
         final = await stream.get_final_completion()
     calls = final.choices[0].message.tool_calls
     assert calls is not None
-    assert [c.function.name for c in calls] == ["get_time", "get_weather"]  # type: ignore[union-attr]
+    assert [c.function.name for c in calls] == ["get_time", "get_weather"]
     assert len({c.id for c in calls}) == 2
-    jsonschema.validate(json.loads(calls[1].function.arguments), WEATHER)  # type: ignore[union-attr]
+    jsonschema.validate(json.loads(calls[1].function.arguments), WEATHER)
     assert final.choices[0].finish_reason == "tool_calls"
     kinds = {e.type for e in events}
     assert "tool_calls.function.arguments.delta" in kinds
@@ -118,9 +121,12 @@ async def test_streamed_deltas_have_openais_incremental_shape(stack: Stack) -> N
         for tc in c["delta"].get("tool_calls", [])
     ]
     head, *rest = deltas
-    assert head["index"] == 0 and head["type"] == "function" and head["id"].startswith("call_")
+    assert head["index"] == 0
+    assert head["type"] == "function"
+    assert head["id"].startswith("call_")
     assert head["function"]["name"] == "get_weather"  # required, nothing mentioned: the first
-    assert rest and all(set(d) == {"index", "function"} for d in rest)
+    assert rest
+    assert all(set(d) == {"index", "function"} for d in rest)
     assert all(set(d["function"]) == {"arguments"} for d in rest)
     args = head["function"]["arguments"] + "".join(d["function"]["arguments"] for d in rest)
     jsonschema.validate(json.loads(args), WEATHER)
@@ -137,7 +143,8 @@ async def test_named_tool_choice_calls_that_function(stack: Stack) -> None:
             tool_choice={"type": "function", "function": {"name": "get_time"}},
         )
     calls = done.choices[0].message.tool_calls
-    assert calls is not None and [c.function.name for c in calls] == ["get_time"]  # type: ignore[union-attr]
+    assert calls is not None
+    assert [c.function.name for c in calls] == ["get_time"]  # type: ignore[union-attr]
     assert done.choices[0].finish_reason == "stop"  # as OpenAI, for a named function
 
 
@@ -162,8 +169,10 @@ async def test_tool_choice_none_and_tool_results_answer_in_text(stack: Stack) ->
             {"role": "tool", "tool_call_id": "call_1", "content": [{"type": "text", "text": "9C"}]},
         ]
         answer = await api.chat.completions.create(model=MODEL, messages=history, tools=TOOLS)
-    assert plain.choices[0].message.tool_calls is None and plain.choices[0].message.content
-    assert answer.choices[0].message.tool_calls is None and answer.choices[0].message.content
+    assert plain.choices[0].message.tool_calls is None
+    assert plain.choices[0].message.content
+    assert answer.choices[0].message.tool_calls is None
+    assert answer.choices[0].message.content
     assert answer.choices[0].finish_reason in ("stop", "length")
 
 
@@ -207,7 +216,8 @@ async def test_n_choices_have_their_index_and_summed_usage(stack: Stack) -> None
         chunks = [c async for c in stream]
     assert [c.index for c in done.choices] == [0, 1, 2]
     assert all(c.finish_reason == "length" for c in done.choices)
-    assert done.usage is not None and done.usage.completion_tokens == 12
+    assert done.usage is not None
+    assert done.usage.completion_tokens == 12
     texts = {c.message.content for c in done.choices}
     assert len(texts) == 3  # each choice its own sample
     per_index: dict[int, list[str]] = {0: [], 1: [], 2: []}
@@ -219,7 +229,8 @@ async def test_n_choices_have_their_index_and_summed_usage(stack: Stack) -> None
                 finishes[c.index] = c.finish_reason
     assert finishes == {0: "length", 1: "length", 2: "length"}
     assert all("".join(parts) for parts in per_index.values())
-    assert chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 12
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 12
 
 
 async def test_n_with_tools_gives_every_choice_its_calls(stack: Stack) -> None:
@@ -278,9 +289,7 @@ async def test_bad_feature_input_is_a_400_naming_the_field(
 ) -> None:
     async with client(stack) as api:
         with pytest.raises(openai.BadRequestError) as err:
-            await api.chat.completions.create(
-                **{"model": MODEL, "messages": user("x"), **body}  # type: ignore[arg-type]
-            )
+            await api.chat.completions.create(**{"model": MODEL, "messages": user("x"), **body})
     assert err.value.status_code == 400
     assert err.value.param == param
 
@@ -300,7 +309,8 @@ async def test_sampling_extensions_are_accepted(stack: Stack) -> None:
                 "stop_token_ids": [1],
             },
         )
-    assert done.usage is not None and done.usage.completion_tokens == 12  # min_tokens honoured
+    assert done.usage is not None
+    assert done.usage.completion_tokens == 12
 
 
 # -- rate limits count every choice -------------------------------------------------------------

@@ -107,7 +107,8 @@ async def test_named_tool_choice_returns_a_call_that_validates(tools_engine: Vll
     )
     calls = assembled_calls(outputs)
     assert list(calls) == [0]
-    assert calls[0]["name"] == "get_weather" and calls[0]["id"]
+    assert calls[0]["name"] == "get_weather"
+    assert calls[0]["id"]
     jsonschema.validate(loads(calls[0]["arguments"]), WEATHER)
     assert outputs[-1].finish_reason is FinishReason.STOP  # named: "stop", as OpenAI
 

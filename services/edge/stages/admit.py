@@ -3,12 +3,12 @@ the reservation when the request ends — however it ends.
 
 Reservation = the prompt's token estimate + the endpoint's completion budget (chat and
 completions: ``max_tokens`` / ``max_completion_tokens``, or, if neither is set, the configured
-``default_completion_tokens``; embeddings: nothing, they decode no tokens), times the choices asked (chat's ``n``). It is taken before
-routing, so a burst of concurrent requests cannot overrun a token limit: each one must fit
-*with* every reservation still in flight. When the response is over (completed, failed, or the
-client went away and the worker call was cancelled), the reservation is replaced by the tokens
-the worker really reported (``ctx.tokens_used``, kept current by the stream stage) and the
-stream slot is freed."""
+``default_completion_tokens``; embeddings: nothing, they decode no tokens), times the choices
+asked (chat's ``n``). It is taken before routing, so a burst of concurrent requests cannot
+overrun a token limit: each one must fit *with* every reservation still in flight. When the
+response is over (completed, failed, or the client went away and the worker call was
+cancelled), the reservation is replaced by the tokens the worker really reported
+(``ctx.tokens_used``, kept current by the stream stage) and the stream slot is freed."""
 
 from __future__ import annotations
 

@@ -28,7 +28,6 @@ from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING
 
 from services.common.capabilities import Capabilities
-from services.common.limits import MAX_CHOICES
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.errors import (
     InternalError,
@@ -37,6 +36,7 @@ from services.common.errors import (
     ModelNotFound,
     Unavailable,
 )
+from services.common.limits import MAX_CHOICES
 from services.worker.engine import (
     EmbedRequest,
     EmbedResult,

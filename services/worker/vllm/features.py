@@ -64,7 +64,7 @@ def load_parser(config: VllmConfig, tokenizer: Any) -> type[Parser] | None:
     if config.tool_call_parser is None:
         return None
     try:
-        return ParserManager.get_parser(
+        return ParserManager.get_parser(  # type: ignore[no-any-return]  # vllm is untyped here
             tool_parser_name=config.tool_call_parser,
             enable_auto_tools=config.enable_auto_tool_choice,
             model_name=config.name,
@@ -213,7 +213,9 @@ def _vllm_request(request: EngineRequest) -> ChatCompletionRequest:
         first = err.errors(include_url=False)[0]
         where = ".".join(str(p) for p in first["loc"])
         param = "tools" if where.startswith("tools") else "response_format"
-        raise InvalidRequest(f"vLLM refuses {where or 'the request'}: {first['msg']}", param=param)
+        raise InvalidRequest(
+            f"vLLM refuses {where or 'the request'}: {first['msg']}", param=param
+        ) from None
     except ValueError as err:
         raise InvalidRequest(f"vLLM refuses the request: {err}", param="response_format") from err
 
