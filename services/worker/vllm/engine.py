@@ -83,7 +83,7 @@ from services.worker.vllm.load_window import LoadWindow
 from services.worker.vllm.output import OutputAssembler, prompt_logprobs
 from services.worker.vllm.prompt import render_prompt
 from services.worker.vllm.request import check_messages, check_sampling, completion_budget
-from services.worker.vllm.resume import pending_text, rebased_budget
+from services.worker.vllm.resume import TokenText, continue_text, rebased_budget
 from services.worker.vllm.stats import StatLoggerFactory, window_stat_logger
 
 log = logging.getLogger(__name__)
@@ -346,15 +346,19 @@ class VllmEngine:
                 where=where,
             )
             resume = request.resume
-            continued: ContinuedText | None = None
+            continued: tuple[TokenText, ContinuedText] | None = None
             carried: list[int] = []
             if resume is not None:
                 max_tokens = rebased_budget(max_tokens, resume)
                 carried = list(resume.delivered_token_ids)
-                continued = ContinuedText(
-                    pending=pending_text(llm.get_tokenizer(), prompt_ids, resume),
-                    tail=resume.delivered_text_tail,
-                    stop=request.sampling.stop,
+                decoder, pending = continue_text(llm.get_tokenizer(), prompt_ids, resume)
+                continued = (
+                    decoder,
+                    ContinuedText(
+                        pending=pending,
+                        tail=resume.delivered_text_tail,
+                        stop=request.sampling.stop,
+                    ),
                 )
             # A continued stream's stop strings are matched by ContinuedText (across the
             # boundary), not by vLLM (which sees only its own new text).
@@ -436,7 +440,7 @@ class VllmEngine:
         feature: FeatureRequest | None = None,
         *,
         carried: list[int],
-        continued: ContinuedText | None,
+        continued: tuple[TokenText, ContinuedText] | None,
     ) -> AsyncGenerator[EngineOutput, None]:
         assembler = OutputAssembler(
             prompt_tokens=len(prompt_ids),
@@ -473,7 +477,9 @@ class VllmEngine:
                     if output.finish_reason is not None:
                         output.finish_reason = feature.finish(output.finish_reason)
                 if continued is not None:
-                    text, stopped = continued.feed(output.text, final=finished)
+                    decoder, matcher = continued
+                    new_text = decoder.push(output.token_ids, final=finished)
+                    text, stopped = matcher.feed(new_text, final=finished)
                     output.text = text
                     if stopped and not finished:
                         output.finish_reason = FinishReason.STOP

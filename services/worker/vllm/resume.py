@@ -31,15 +31,50 @@ def rebased_budget(budget: int, resume: ResumeInput) -> int:
     return left
 
 
-def pending_text(tokenizer: Any, prompt_ids: list[int], resume: ResumeInput) -> str:
-    """The delivered tokens' text after the ``delivered_text_chars`` the client has, decoded
-    in the prompt's context (as vLLM's detokenizer does); "" if it does not line up with the
-    delivered tail (nothing is invented)."""
-    carried = list(resume.delivered_token_ids)
-    before = tokenizer.decode(prompt_ids, skip_special_tokens=True)
-    full = tokenizer.decode(prompt_ids + carried, skip_special_tokens=True)
-    out = full[len(before) :] if full.startswith(before) else ""
+#: Tokens of context an incremental decode looks back over (a character spans at most 4
+#: byte tokens; a word's leading-space rule needs one token before it).
+_CONTEXT_TOKENS = 6
+
+
+class TokenText:
+    """Incremental detokenisation of a continued stream, from token ids.
+
+    vLLM's own detokenizer is not used for a continued stream: it starts from the token
+    prompt, and when the prompt ends in tokens that do not decode to whole characters (the
+    previous worker's held-back bytes) vLLM 0.32 emits the prompt's text again in the first
+    delta. This is the usual prefix/read-offset scheme: decode a few tokens of context plus
+    the new ones, emit what grew, hold back an incomplete character (U+FFFD at the end) until
+    the tokens that complete it arrive (or the stream ends)."""
+
+    def __init__(self, tokenizer: Any, context_ids: list[int]) -> None:
+        self._tok = tokenizer
+        self._ids = list(context_ids)
+        self._prefix = max(0, len(self._ids) - _CONTEXT_TOKENS)
+        self._read = len(self._ids)
+
+    def push(self, new_ids: tuple[int, ...] | list[int], *, final: bool = False) -> str:
+        self._ids.extend(new_ids)
+        decode = self._tok.decode
+        before = decode(self._ids[self._prefix : self._read], skip_special_tokens=True)
+        after = decode(self._ids[self._prefix :], skip_special_tokens=True)
+        if len(after) <= len(before) or (after.endswith("\ufffd") and not final):
+            return ""
+        self._prefix, self._read = self._read, len(self._ids)
+        return str(after[len(before) :])
+
+
+def continue_text(
+    tokenizer: Any, prompt_ids: list[int], resume: ResumeInput
+) -> tuple[TokenText, str]:
+    """The decoder for the new tokens, and the delivered tokens' text after the
+    ``delivered_text_chars`` the client has ("" if it does not line up with the delivered
+    tail: nothing is invented)."""
+    text = TokenText(tokenizer, prompt_ids)
+    # final: the delivered tokens' text is taken whole, an incomplete last character included
+    # (as U+FFFD), so the new tokens' text starts after it. Known limit: a character split
+    # across the boundary comes out as U+FFFD rather than whole.
+    out = text.push(list(resume.delivered_token_ids), final=True)
     sent = resume.delivered_text_chars
     if sent <= len(out) and out[:sent].endswith(resume.delivered_text_tail):
-        return out[sent:]
-    return ""
+        return text, out[sent:]
+    return text, ""
