@@ -331,8 +331,27 @@ class LocalStack:
         self.endpoints.edge_url = f"{info.get('scheme', 'http')}://127.0.0.1:{info['port']}"
         self.endpoints.admin_url = f"http://127.0.0.1:{info['admin_port']}"
 
+    def _expected_models(self) -> set[str]:
+        """Every model some worker of this stack serves once loaded."""
+        models = {self.config.served_model(self.engine)}
+        embedding = self._vllm_embedding_model_path is not None and any(
+            self.config.vllm_embedding_regions.values()
+        )
+        if self.engine == "vllm" and embedding:
+            models.add(self.config.vllm_embedding_model)
+        return models
+
+    async def _all_models_listed(self, session: aiohttp.ClientSession) -> bool:
+        headers = {"Authorization": f"Bearer {self.endpoints.demo_key}"}
+        async with session.get(f"{self.endpoints.edge_url}/v1/models", headers=headers) as resp:
+            if resp.status != 200:
+                return False
+            listed = {m.get("id") for m in (await resp.json()).get("data", [])}
+        return self._expected_models() <= listed
+
     async def _wait_edge_ready(self, timeout_s: float = 300.0) -> None:
-        """Until /readyz says the router sees a servable model (vLLM takes a while to load)."""
+        """Until /readyz says the router sees a servable model and every model of the stack is
+        listed (vLLM workers take a while to load, each at its own pace)."""
         deadline = asyncio.get_running_loop().time() + timeout_s
         connector = None
         if self.endpoints.tls_cert:
@@ -345,8 +364,9 @@ class LocalStack:
                         raise ProcessFailed(f"{proc.name} exited:\n{proc.log_tail()}")
                 try:
                     async with session.get(f"{self.endpoints.edge_url}/readyz") as resp:
-                        if resp.status == 200:
-                            return
+                        ready = resp.status == 200
+                    if ready and await self._all_models_listed(session):
+                        return
                 except aiohttp.ClientError:
                     pass
                 if asyncio.get_running_loop().time() > deadline:

@@ -131,7 +131,7 @@ def test_a_request_the_model_cannot_fit_is_a_400_naming_max_tokens(stack: StackP
 def test_sigterm_leaves_no_process_no_engine_core_and_no_port(stack: StackProcess) -> None:
     pids = list(stack.info["pids"].values())
     engine = descendants(stack.info["pids"]["kr-vllm-1"])
-    engine += descendants(stack.info["pids"]["kr-vllm-embed-1"])
+    engine |= descendants(stack.info["pids"]["kr-vllm-embed-1"])
     assert engine, "the vLLM worker runs its engine core in child processes"
     ports = stack.ports()
 
