@@ -31,7 +31,7 @@ from services.worker.engine import (
 from services.worker.vllm.config import VllmConfig
 from services.worker.vllm.engine import VllmEngine
 
-pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = pytest.mark.vllm
 
 NAME = "tiny-tools"
 WEATHER = {
@@ -98,6 +98,7 @@ def assembled_calls(outputs: list[EngineOutput]) -> dict[int, dict[str, str]]:
     return calls
 
 
+@pytest.mark.asyncio(loop_scope="session")
 async def test_named_tool_choice_returns_a_call_that_validates(tools_engine: VllmEngine) -> None:
     outputs = await collect(
         tools_engine,
@@ -113,6 +114,7 @@ async def test_named_tool_choice_returns_a_call_that_validates(tools_engine: Vll
     assert outputs[-1].finish_reason is FinishReason.STOP  # named: "stop", as OpenAI
 
 
+@pytest.mark.asyncio(loop_scope="session")
 async def test_required_tool_choice_returns_calls_that_validate(tools_engine: VllmEngine) -> None:
     outputs = await collect(
         tools_engine,
@@ -132,6 +134,7 @@ async def test_required_tool_choice_returns_calls_that_validate(tools_engine: Vl
     assert outputs[-1].finish_reason is FinishReason.TOOL_CALLS
 
 
+@pytest.mark.asyncio(loop_scope="session")
 async def test_json_schema_output_parses_and_validates(tools_engine: VllmEngine) -> None:
     outputs = await collect(
         tools_engine,
@@ -146,6 +149,7 @@ async def test_json_schema_output_parses_and_validates(tools_engine: VllmEngine)
     jsonschema.validate(loads(text), WEATHER)
 
 
+@pytest.mark.asyncio(loop_scope="session")
 async def test_json_object_output_is_a_json_object(tools_engine: VllmEngine) -> None:
     outputs = await collect(
         tools_engine,
@@ -161,6 +165,7 @@ async def test_json_object_output_is_a_json_object(tools_engine: VllmEngine) -> 
         assert "".join(o.text for o in outputs).lstrip().startswith("{")
 
 
+@pytest.mark.asyncio(loop_scope="session")
 async def test_an_uncompilable_schema_fails_before_the_first_output(
     tools_engine: VllmEngine,
 ) -> None:
@@ -176,6 +181,7 @@ async def test_an_uncompilable_schema_fails_before_the_first_output(
     assert outputs[-1].finish_reason is FinishReason.LENGTH
 
 
+@pytest.mark.asyncio(loop_scope="session")
 async def test_sampling_extensions_reach_vllm(tools_engine: VllmEngine) -> None:
     outputs = await collect(
         tools_engine,
@@ -195,3 +201,21 @@ async def test_sampling_extensions_reach_vllm(tools_engine: VllmEngine) -> None:
     )
     assert outputs[-1].completion_tokens == 8
     assert 1 not in {t for o in outputs for t in o.token_ids}  # EOS banned by the bias
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "flag"),
+    [
+        ("tool_call_parser", "no-such-parser", "--tool-call-parser no-such-parser"),
+        ("quantization", "no-such-method", "--quantization no-such-method"),
+    ],
+)
+def test_names_only_vllm_knows_are_checked_at_start_by_flag(
+    field: str, value: str, flag: str
+) -> None:
+    from services.worker.engine import EngineConfigError
+    from services.worker.vllm.features import check_engine_options
+
+    with pytest.raises(EngineConfigError, match=flag):
+        check_engine_options(VllmConfig(model="/m", **{field: value}))  # type: ignore[arg-type]
+    check_engine_options(VllmConfig(model="/m", tool_call_parser="hermes", quantization="fp8"))
