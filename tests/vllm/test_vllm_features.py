@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import jsonschema
+import openai
 import pytest
 import pytest_asyncio
 
@@ -30,6 +32,8 @@ from services.worker.engine import (
 )
 from services.worker.vllm.config import VllmConfig
 from services.worker.vllm.engine import VllmEngine
+from tests.support.redis_proc import RedisProcess
+from tests.vllm.inproc import VllmStack, start_vllm_stack
 
 pytestmark = pytest.mark.vllm
 
@@ -219,3 +223,74 @@ def test_names_only_vllm_knows_are_checked_at_start_by_flag(
     with pytest.raises(EngineConfigError, match=flag):
         check_engine_options(VllmConfig(model="/m", **{field: value}))  # type: ignore[arg-type]
     check_engine_options(VllmConfig(model="/m", tool_call_parser="hermes", quantization="fp8"))
+
+
+# -- the whole path: OpenAI SDK -> edge -> router -> worker -> vLLM ------------------------------
+
+SDK_TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Weather", "parameters": WEATHER},
+    }
+]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def tools_stack(
+    tools_engine: VllmEngine, redis_process: RedisProcess
+) -> AsyncIterator[VllmStack]:
+    s = await start_vllm_stack(tools_engine, redis_url=redis_process.url)
+    yield s
+    await s.stop()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_sdk_gets_valid_forced_calls_and_json_through_the_stack(
+    tools_stack: VllmStack,
+) -> None:
+    api = tools_stack.client
+    messages: Any = [{"role": "user", "content": "Weather in Seoul?"}]
+    named = await api.chat.completions.create(
+        model=NAME,
+        messages=messages,
+        tools=SDK_TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=300,
+        temperature=0.0,
+    )
+    async with api.chat.completions.stream(
+        model=NAME,
+        messages=messages,
+        tools=SDK_TOOLS,
+        tool_choice="required",
+        max_tokens=300,
+        temperature=0.0,
+    ) as stream:
+        required = await stream.get_final_completion()
+    shaped = await api.chat.completions.create(
+        model=NAME,
+        messages=messages,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "weather", "schema": WEATHER, "strict": True},
+        },
+        max_tokens=300,
+        temperature=0.0,
+    )
+    for done in (named, required):
+        calls = done.choices[0].message.tool_calls
+        assert calls
+        assert calls[0].function.name == "get_weather"  # type: ignore[union-attr]
+        jsonschema.validate(loads(calls[0].function.arguments), WEATHER)  # type: ignore[union-attr]
+    assert required.choices[0].finish_reason == "tool_calls"
+    jsonschema.validate(loads(shaped.choices[0].message.content or ""), WEATHER)
+    with pytest.raises(openai.BadRequestError) as err:
+        await api.chat.completions.create(
+            model=NAME,
+            messages=messages,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "bad", "schema": {"$ref": "#/$defs/nowhere"}},
+            },
+        )
+    assert err.value.param == "response_format.json_schema.schema"
