@@ -26,6 +26,14 @@ VLLM_OPTIONS: frozenset[str] = frozenset(
         "enforce_eager",
         "no_prefix_caching",
         "scheduling_policy",
+        "tool_call_parser",
+        "enable_auto_tool_choice",
+        "tool_strict_level",
+        "structured_outputs_backend",
+        "structured_outputs_compact",
+        "quantization",
+        "speculative_config",
+        "max_choices",
     }
 )
 """``vllm.options`` keys: the worker's vLLM flags (``max_model_len`` → ``--max-model-len``)."""

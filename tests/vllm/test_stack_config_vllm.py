@@ -30,10 +30,14 @@ def test_the_shipped_config_runs_one_cpu_vllm_worker_serving_the_tiny_model() ->
     assert shipped.served_model("sim") == "meridian-sim"
     assert shipped.vllm_options == {
         "dtype": "float32",
-        "max_model_len": 256,
+        "max_model_len": 512,
         "max_num_seqs": 16,
         "gpu_memory_utilization": 0.15,
         "enforce_eager": True,
+        "tool_call_parser": "hermes",
+        "enable_auto_tool_choice": True,
+        "structured_outputs_backend": "xgrammar",
+        "structured_outputs_compact": True,
     }
 
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 import json
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import jsonschema
+import openai
 import pytest
 import pytest_asyncio
 
@@ -30,8 +32,10 @@ from services.worker.engine import (
 )
 from services.worker.vllm.config import VllmConfig
 from services.worker.vllm.engine import VllmEngine
+from tests.support.redis_proc import RedisProcess
+from tests.vllm.inproc import VllmStack, start_vllm_stack
 
-pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
+pytestmark = pytest.mark.vllm
 
 NAME = "tiny-tools"
 WEATHER = {
@@ -98,6 +102,7 @@ def assembled_calls(outputs: list[EngineOutput]) -> dict[int, dict[str, str]]:
     return calls
 
 
+@pytest.mark.asyncio(loop_scope="session")
 async def test_named_tool_choice_returns_a_call_that_validates(tools_engine: VllmEngine) -> None:
     outputs = await collect(
         tools_engine,
@@ -113,6 +118,7 @@ async def test_named_tool_choice_returns_a_call_that_validates(tools_engine: Vll
     assert outputs[-1].finish_reason is FinishReason.STOP  # named: "stop", as OpenAI
 
 
+@pytest.mark.asyncio(loop_scope="session")
 async def test_required_tool_choice_returns_calls_that_validate(tools_engine: VllmEngine) -> None:
     outputs = await collect(
         tools_engine,
@@ -132,6 +138,7 @@ async def test_required_tool_choice_returns_calls_that_validate(tools_engine: Vl
     assert outputs[-1].finish_reason is FinishReason.TOOL_CALLS
 
 
+@pytest.mark.asyncio(loop_scope="session")
 async def test_json_schema_output_parses_and_validates(tools_engine: VllmEngine) -> None:
     outputs = await collect(
         tools_engine,
@@ -146,6 +153,7 @@ async def test_json_schema_output_parses_and_validates(tools_engine: VllmEngine)
     jsonschema.validate(loads(text), WEATHER)
 
 
+@pytest.mark.asyncio(loop_scope="session")
 async def test_json_object_output_is_a_json_object(tools_engine: VllmEngine) -> None:
     outputs = await collect(
         tools_engine,
@@ -161,6 +169,7 @@ async def test_json_object_output_is_a_json_object(tools_engine: VllmEngine) -> 
         assert "".join(o.text for o in outputs).lstrip().startswith("{")
 
 
+@pytest.mark.asyncio(loop_scope="session")
 async def test_an_uncompilable_schema_fails_before_the_first_output(
     tools_engine: VllmEngine,
 ) -> None:
@@ -176,6 +185,7 @@ async def test_an_uncompilable_schema_fails_before_the_first_output(
     assert outputs[-1].finish_reason is FinishReason.LENGTH
 
 
+@pytest.mark.asyncio(loop_scope="session")
 async def test_sampling_extensions_reach_vllm(tools_engine: VllmEngine) -> None:
     outputs = await collect(
         tools_engine,
@@ -195,3 +205,92 @@ async def test_sampling_extensions_reach_vllm(tools_engine: VllmEngine) -> None:
     )
     assert outputs[-1].completion_tokens == 8
     assert 1 not in {t for o in outputs for t in o.token_ids}  # EOS banned by the bias
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "flag"),
+    [
+        ("tool_call_parser", "no-such-parser", "--tool-call-parser no-such-parser"),
+        ("quantization", "no-such-method", "--quantization no-such-method"),
+    ],
+)
+def test_names_only_vllm_knows_are_checked_at_start_by_flag(
+    field: str, value: str, flag: str
+) -> None:
+    from services.worker.engine import EngineConfigError
+    from services.worker.vllm.features import check_engine_options
+
+    with pytest.raises(EngineConfigError, match=flag):
+        check_engine_options(VllmConfig(model="/m", **{field: value}))  # type: ignore[arg-type]
+    check_engine_options(VllmConfig(model="/m", tool_call_parser="hermes", quantization="fp8"))
+
+
+# -- the whole path: OpenAI SDK -> edge -> router -> worker -> vLLM ------------------------------
+
+SDK_TOOLS: list[Any] = [
+    {
+        "type": "function",
+        "function": {"name": "get_weather", "description": "Weather", "parameters": WEATHER},
+    }
+]
+
+
+@pytest_asyncio.fixture(scope="module", loop_scope="session")
+async def tools_stack(
+    tools_engine: VllmEngine, redis_process: RedisProcess
+) -> AsyncIterator[VllmStack]:
+    s = await start_vllm_stack(tools_engine, redis_url=redis_process.url)
+    yield s
+    await s.stop()
+
+
+@pytest.mark.asyncio(loop_scope="session")
+async def test_the_sdk_gets_valid_forced_calls_and_json_through_the_stack(
+    tools_stack: VllmStack,
+) -> None:
+    api = tools_stack.client
+    messages: Any = [{"role": "user", "content": "Weather in Seoul?"}]
+    named = await api.chat.completions.create(
+        model=NAME,
+        messages=messages,
+        tools=SDK_TOOLS,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        max_tokens=300,
+        temperature=0.0,
+    )
+    async with api.chat.completions.stream(
+        model=NAME,
+        messages=messages,
+        tools=SDK_TOOLS,
+        tool_choice="required",
+        max_tokens=300,
+        temperature=0.0,
+    ) as stream:
+        required = await stream.get_final_completion()
+    shaped = await api.chat.completions.create(
+        model=NAME,
+        messages=messages,
+        response_format={
+            "type": "json_schema",
+            "json_schema": {"name": "weather", "schema": WEATHER, "strict": True},
+        },
+        max_tokens=300,
+        temperature=0.0,
+    )
+    for done in (named, required):
+        calls = done.choices[0].message.tool_calls
+        assert calls
+        assert calls[0].function.name == "get_weather"  # type: ignore[union-attr]
+        jsonschema.validate(loads(calls[0].function.arguments), WEATHER)  # type: ignore[union-attr]
+    assert required.choices[0].finish_reason == "tool_calls"
+    jsonschema.validate(loads(shaped.choices[0].message.content or ""), WEATHER)
+    with pytest.raises(openai.BadRequestError) as err:
+        await api.chat.completions.create(
+            model=NAME,
+            messages=messages,
+            response_format={
+                "type": "json_schema",
+                "json_schema": {"name": "bad", "schema": {"$ref": "#/$defs/nowhere"}},
+            },
+        )
+    assert err.value.param == "response_format.json_schema.schema"

@@ -471,9 +471,18 @@ class VllmEngine:
                     self._echo(llm, output, request, prompt_ids, raw)
                 finished = output.finish_reason is not None
                 if feature is not None:
-                    output.text, output.tool_calls = feature.convert(
+                    output.text, calls = feature.convert(
                         output.text, output.token_ids, prompt_ids, finished=finished
                     )
+                    # The calls, one piece per output, before the final output (finish, usage).
+                    for piece in calls:
+                        yield EngineOutput(
+                            text="",
+                            tool_calls=(piece,),
+                            prompt_tokens=output.prompt_tokens,
+                            completion_tokens=output.completion_tokens,
+                            cached_prompt_tokens=output.cached_prompt_tokens,
+                        )
                     if output.finish_reason is not None:
                         output.finish_reason = feature.finish(output.finish_reason)
                 if continued is not None:

@@ -10,9 +10,10 @@ turned into vLLM's own OpenAI request model (``ChatCompletionRequest`` of its se
   random-weight model returns calls that parse; and it keeps special tokens the parser reads;
 - ``response_format`` becomes ``StructuredOutputsParams`` by vLLM's own mapping
   (``extract_structured_outputs``): ``json_object``, ``json_schema`` (its ``schema``);
-- each streamed delta goes through the parser's ``parse_delta``, which yields OpenAI's
-  ``DeltaMessage`` (content and ``tool_calls`` deltas: index, id and name first, then
-  arguments in pieces) — turned into :class:`EngineOutput` text and ``ToolCallDelta``.
+- each streamed delta goes through the parser's ``parse_delta`` for the content, and the
+  calls come from the parser's ``parse`` of the whole output when it ends (see
+  :meth:`FeatureRequest.convert` for why), sent as ``ToolCallDelta`` pieces in OpenAI's
+  incremental shape (index, id and name first, then arguments in pieces).
 
 Errors before the first token name the field: a tool request on a worker without a parser is
 ``tools``; ``auto`` without ``--enable-auto-tool-choice`` is ``tool_choice``; a schema the
@@ -43,6 +44,9 @@ from services.worker.engine import (
     ToolCallDelta,
 )
 from services.worker.vllm.config import VllmConfig
+
+#: Tool-call arguments are sent in pieces of this many characters (OpenAI's stream shape).
+ARGUMENT_PIECE_CHARS = 16
 
 
 def check_engine_options(config: VllmConfig) -> None:
@@ -111,8 +115,11 @@ class FeatureRequest:
             adjusted = self.parser.adjust_request(self.vllm_request)
             assert isinstance(adjusted, ChatCompletionRequest)
             self.vllm_request = adjusted
-        self._enable_auto = enable_auto_tools
-        self._ids: dict[int, str] = {}
+        self._parser_cls = parser_cls
+        self._tokenizer = tokenizer
+        self._model_config = model_config
+        self._text: list[str] = []
+        self._token_ids: list[int] = []
         self.calls = 0
 
     @property
@@ -136,26 +143,54 @@ class FeatureRequest:
         *,
         finished: bool,
     ) -> tuple[str, tuple[ToolCallDelta, ...]]:
-        """One streamed delta → (content text, tool-call pieces), through the parser."""
+        """One streamed delta → (content text, tool-call pieces).
+
+        Content streams through the parser's ``parse_delta`` (text before and between calls;
+        call markup held back). The calls themselves come from the parser's non-streaming
+        ``parse`` of the whole output once it ends: vLLM 0.32's streaming ``hermes`` parser can
+        leave the call's closing brace in the streamed arguments when one token closes both,
+        while its whole-output parse is exact. They are then sent in OpenAI's incremental
+        shape (id and name first, then the arguments in pieces), so clients assemble them as
+        they would from any stream; what is lost is only that arguments arrive at the end.
+        """
         if self.parser is None or self.mode == "none":
             return text, ()
+        self._text.append(text)
+        self._token_ids.extend(int(t) for t in token_ids)
         delta = self.parser.parse_delta(
             text, list(token_ids), self.vllm_request, prompt_ids, finished=finished
         )
-        if delta is None:
-            return "", ()
-        calls = []
-        for tc in delta.tool_calls or ():
-            name = (tc.function.name if tc.function else None) or ""
-            args = (tc.function.arguments if tc.function else None) or ""
-            call_id = ""
-            if tc.index not in self._ids:
-                # The first piece of a call: id (vLLM's, or one made here) and name.
-                self._ids[tc.index] = tc.id or f"call_{uuid.uuid4().hex[:24]}"
-                call_id = self._ids[tc.index]
-                self.calls += 1
-            calls.append(ToolCallDelta(index=tc.index, id=call_id, name=name, arguments=args))
-        return delta.content or "", tuple(calls)
+        content = (delta.content or "") if delta is not None else ""
+        return content, self._final_calls() if finished else ()
+
+    def _final_calls(self) -> tuple[ToolCallDelta, ...]:
+        assert self._parser_cls is not None
+        parser = self._parser_cls(
+            self._tokenizer, self.vllm_request.tools, model_config=self._model_config
+        )
+        # enable_auto_tools: this request may call tools (auto needs the flag, checked at
+        # construction; required and named are parsed the same way by parsers whose call
+        # format is enforced with a structural tag).
+        _, _, calls = parser.parse(
+            "".join(self._text),
+            self.vllm_request,
+            enable_auto_tools=True,
+            model_output_token_ids=self._token_ids,
+        )
+        out: list[ToolCallDelta] = []
+        for index, call in enumerate(calls or ()):
+            out.append(
+                ToolCallDelta(
+                    index=index, id=call.id or f"call_{uuid.uuid4().hex[:24]}", name=call.name
+                )
+            )
+            args = call.arguments or ""
+            out.extend(
+                ToolCallDelta(index=index, arguments=args[i : i + ARGUMENT_PIECE_CHARS])
+                for i in range(0, len(args), ARGUMENT_PIECE_CHARS)
+            )
+        self.calls = len(calls or ())
+        return tuple(out)
 
     def finish(self, reason: FinishReason) -> FinishReason:
         """OpenAI's finish reason: ``tool_calls`` when calls were made (auto, required);

@@ -37,3 +37,32 @@ def test_a_bad_engine_flag_ends_start_up_with_a_usage_error(
         main([*BASE, "--model", str(tmp_path / "missing")])
     assert exited.value.code == 2
     assert "no such model folder" in capsys.readouterr().err
+
+
+def _model(tmp_path: Path) -> str:
+    (tmp_path / "config.json").write_text("{}")
+    return str(tmp_path)
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--enable-auto-tool-choice"], "--enable-auto-tool-choice: .*needs a tool_call_parser"),
+        (["--speculative-config", "{ngram"], "--speculative-config: not JSON"),
+        (["--speculative-config", "[1]"], "--speculative-config: must be a JSON object"),
+        (["--speculative-config", '{"tokens": 3}'], "--speculative-config: .*'method' or a 'model'"),
+        (
+            ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 0}'],
+            "--speculative-config: .*num_speculative_tokens",
+        ),
+        (["--structured-outputs-backend", "regexes"], "--structured-outputs-backend: .*one of"),
+        (["--structured-outputs-compact"], "--structured-outputs-compact: .*xgrammar or guidance"),
+        (["--max-choices", "0"], "--max-choices: .*at least 1"),
+        (["--quantization", " "], "--quantization: .*blank"),
+    ],
+)
+def test_engine_option_flags_are_checked_by_name_before_vllm_loads(
+    tmp_path: Path, flags: list[str], message: str
+) -> None:
+    with pytest.raises(EngineConfigError, match=message):
+        build_engine(build_parser().parse_args([*BASE, "--model", _model(tmp_path), *flags]))
