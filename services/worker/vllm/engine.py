@@ -366,7 +366,7 @@ class VllmEngine:
                 finished = output.finish_reason is not None
                 if continued is not None:
                     decoder, matcher = continued
-                    new_text = decoder.push(output.token_ids, final=finished)
+                    new_text = decoder.push(output.token_ids)
                     text, stopped = matcher.feed(new_text, final=finished)
                     output.text = text
                     if stopped and not finished:
