@@ -115,7 +115,12 @@ class UpstreamStream:
                     self.last_token_at = self._last_read
                 yield chunk
                 if chunk.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:
-                    self._report(router_pb2.OUTCOME_SUCCESS)
+                    # A handed-back stream (drain, shutdown) is the worker declining to go on,
+                    # not a failure: failure ejection learns from OUTCOME_FAILED only.
+                    aborted = chunk.finish_reason == worker_pb2.FINISH_REASON_ABORT
+                    self._report(
+                        router_pb2.OUTCOME_REJECTED if aborted else router_pb2.OUTCOME_SUCCESS
+                    )
                     return
                 try:
                     nxt = await self._call.read()
