@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import logging
+import math
 import os
 import sys
 from collections.abc import Callable
@@ -271,6 +272,12 @@ def config_from_args(args: argparse.Namespace) -> EdgeConfig:
 def _migration_policy(args: argparse.Namespace) -> MigrationPolicy:
     """The migration flags as one policy; a contradiction between two of them is refused at
     start-up (exit code 2), naming both flags."""
+    for flag, value in (
+        ("--migration-stall-s", args.migration_stall_s),
+        ("--migration-max-gap-s", args.migration_max_gap_s),
+    ):
+        if not math.isfinite(value):
+            raise ValueError(f"{flag} must be a finite number of seconds, got {value}")
     if args.migration_stall_s >= args.migration_max_gap_s:
         raise ValueError(
             f"--migration-stall-s ({args.migration_stall_s:g}) must be below "

@@ -212,3 +212,30 @@ async def test_a_client_that_leaves_during_a_migration_leaves_nothing_running(
         w.engine.load().running == 0 and w.engine.load().waiting == 0
         for w in mstack.workers.values()
     )
+
+
+async def test_a_non_streamed_completion_survives_its_worker_and_says_it_moved(
+    mstack: Stack, session: aiohttp.ClientSession
+) -> None:
+    ref = await reference(mstack, session, seed=21, max_tokens=200)
+    url = f"{mstack.base_url}/chat/completions"
+    headers = {"Authorization": f"Bearer {mstack.key}"}
+
+    async def kill_the_busy_worker() -> None:
+        for _ in range(200):
+            busy = [w for w in mstack.workers.values() if w.engine.load().running]
+            if busy:
+                await busy[0].die()
+                return
+            await asyncio.sleep(0.01)
+
+    killer = asyncio.create_task(kill_the_busy_worker())
+    async with session.post(url, json=body(seed=21, max_tokens=200), headers=headers) as resp:
+        assert resp.status == 200
+        payload = await resp.json()
+        moved = resp.headers["x-meridian-migrations"]
+    await killer
+    assert payload["choices"][0]["message"]["content"] == ref.text
+    assert payload["usage"] == ref.usage
+    assert payload["meridian"]["migrations"] == 1
+    assert moved == "1"

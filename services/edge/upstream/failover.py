@@ -119,9 +119,14 @@ class UpstreamStream:
                 yield chunk
                 if chunk.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:
                     # With n > 1 each choice finishes on its own; the stream ends with the last.
+                    # A handed-back stream (drain, shutdown) is the worker declining to go on,
+                    # not a failure: failure ejection learns from OUTCOME_FAILED only.
+                    aborted = chunk.finish_reason == worker_pb2.FINISH_REASON_ABORT
                     self._finished += 1
-                    if self._finished >= self._choices:
-                        self._report(router_pb2.OUTCOME_SUCCESS)
+                    if aborted or self._finished >= self._choices:
+                        self._report(
+                            router_pb2.OUTCOME_REJECTED if aborted else router_pb2.OUTCOME_SUCCESS
+                        )
                         return
                 try:
                     nxt = await self._call.read()

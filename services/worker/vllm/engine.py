@@ -487,7 +487,7 @@ class VllmEngine:
                         output.finish_reason = feature.finish(output.finish_reason)
                 if continued is not None:
                     decoder, matcher = continued
-                    new_text = decoder.push(output.token_ids, final=finished)
+                    new_text = decoder.push(output.token_ids)
                     text, stopped = matcher.feed(new_text, final=finished)
                     output.text = text
                     if stopped and not finished:

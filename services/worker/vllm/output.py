@@ -65,7 +65,9 @@ class OutputAssembler:
         if output.prompt_token_ids is not None:
             self._prompt_tokens = len(output.prompt_token_ids) - self._carried
         if output.num_cached_tokens is not None:
-            self._cached_tokens = int(output.num_cached_tokens)
+            # A continued stream's token prompt holds the carried tokens too; the cached
+            # count reported is the share of the request's own prompt.
+            self._cached_tokens = min(int(output.num_cached_tokens), self._prompt_tokens)
         finish = _finish_reason(completion.finish_reason) if output.finished else None
         result = EngineOutput(
             text=completion.text,

@@ -52,12 +52,14 @@ class TokenText:
         self._prefix = max(0, len(self._ids) - _CONTEXT_TOKENS)
         self._read = len(self._ids)
 
-    def push(self, new_ids: tuple[int, ...] | list[int], *, final: bool = False) -> str:
+    def push(self, new_ids: tuple[int, ...] | list[int], *, whole: bool = False) -> str:
+        """The text the new ids add; ``whole``: even if it ends in an incomplete character
+        (otherwise held back, and dropped at the end of the stream, as vLLM does)."""
         self._ids.extend(new_ids)
         decode = self._tok.decode
         before = decode(self._ids[self._prefix : self._read], skip_special_tokens=True)
         after = decode(self._ids[self._prefix :], skip_special_tokens=True)
-        if len(after) <= len(before) or (after.endswith("\ufffd") and not final):
+        if len(after) <= len(before) or (after.endswith("\ufffd") and not whole):
             return ""
         self._prefix, self._read = self._read, len(self._ids)
         return str(after[len(before) :])
@@ -70,10 +72,10 @@ def continue_text(
     ``delivered_text_chars`` the client has ("" if it does not line up with the delivered
     tail: nothing is invented)."""
     text = TokenText(tokenizer, prompt_ids)
-    # final: the delivered tokens' text is taken whole, an incomplete last character included
+    # whole: the delivered tokens' text is taken whole, an incomplete last character included
     # (as U+FFFD), so the new tokens' text starts after it. Known limit: a character split
     # across the boundary comes out as U+FFFD rather than whole.
-    out = text.push(list(resume.delivered_token_ids), final=True)
+    out = text.push(list(resume.delivered_token_ids), whole=True)
     sent = resume.delivered_text_chars
     if sent <= len(out) and out[:sent].endswith(resume.delivered_text_tail):
         return text, out[sent:]
