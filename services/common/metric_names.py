@@ -59,6 +59,9 @@ WORKER_WAITING: Final = "meridian.worker.waiting"
 WORKER_KV_CACHE: Final = "meridian.worker.kv_cache_usage"  # 0..1
 WORKER_GPU: Final = "meridian.worker.gpu_utilization"  # 0..1
 WORKER_TOKENS_PER_SECOND: Final = "meridian.worker.tokens_per_second"
+# the openai engine (services/worker/upstream/): the upstream server it fronts
+WORKER_UPSTREAM_REQUESTS: Final = "meridian.worker.upstream.requests"  # by OUTCOME
+WORKER_UPSTREAM_TTFT: Final = "meridian.worker.upstream.time_to_first_token"  # s
 
 
 def prometheus_name(otel_name: str, unit: str = "", *, counter: bool = False) -> str:

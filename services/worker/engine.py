@@ -1,8 +1,10 @@
 """The seam between the worker's gRPC server and whatever runs the model.
 
-Two implementations: ``SimEngine`` (services/worker/sim/), a performance model of a GPU server
-for GPU-less stacks and large simulations, and ``VllmEngine`` (services/worker/vllm/engine.py),
-vLLM's ``AsyncLLM``. The server only knows this interface; it never imports vllm.
+Three implementations: ``SimEngine`` (services/worker/sim/), a performance model of a GPU server
+for GPU-less stacks and large simulations, ``VllmEngine`` (services/worker/vllm/engine.py),
+vLLM's ``AsyncLLM``, and ``UpstreamEngine`` (services/worker/upstream/), an existing
+OpenAI-compatible server reached over HTTP. The server only knows this interface; it never
+imports vllm.
 
 Contract every engine keeps:
 
@@ -23,7 +25,11 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Meter
+    from opentelemetry.trace import Tracer
 
 
 class EngineConfigError(ValueError):
@@ -73,6 +79,9 @@ class EngineRequest:
     messages: tuple[ChatTurn, ...]
     sampling: SamplingOptions = SamplingOptions()
     priority: int = 0
+    #: W3C ``traceparent`` of the worker's ``worker.Generate`` span ("" when not traced), for
+    #: engines whose own spans and outgoing calls join the request's trace.
+    traceparent: str = ""
 
 
 @dataclass(frozen=True, slots=True)
@@ -122,6 +131,14 @@ class ModelDescription:
     state: ModelState
     max_model_len: int
     engine: str
+
+
+@runtime_checkable
+class Instrumented(Protocol):
+    """An engine with telemetry of its own. Engines are built from flags before the worker's
+    telemetry exists; ``WorkerServer`` hands over its tracer and meter before ``start()``."""
+
+    def instrument(self, *, tracer: Tracer, meter: Meter) -> None: ...
 
 
 class Engine(Protocol):
