@@ -69,6 +69,9 @@ WORKER_GPU: Final = "meridian.worker.gpu_utilization"  # 0..1
 WORKER_TOKENS_PER_SECOND: Final = "meridian.worker.tokens_per_second"
 WORKER_EMBED_DURATION: Final = "meridian.worker.embed.duration"  # s, by OUTCOME
 WORKER_EMBED_INPUTS: Final = "meridian.worker.embed.inputs"  # inputs embedded
+# the openai engine (services/worker/upstream/): the upstream server it fronts
+WORKER_UPSTREAM_REQUESTS: Final = "meridian.worker.upstream.requests"  # by OUTCOME
+WORKER_UPSTREAM_TTFT: Final = "meridian.worker.upstream.time_to_first_token"  # s
 
 
 def prometheus_name(otel_name: str, unit: str = "", *, counter: bool = False) -> str:

@@ -147,8 +147,9 @@ def sampling_from_pb(pb: worker_pb2.SamplingParams) -> SamplingOptions:
     )
 
 
-def request_from_pb(pb: worker_pb2.GenerateRequest) -> EngineRequest:
-    """Validate a Generate request and turn it into the engine's type."""
+def request_from_pb(pb: worker_pb2.GenerateRequest, *, traceparent: str = "") -> EngineRequest:
+    """Validate a Generate request and turn it into the engine's type (``traceparent``: the
+    worker span's W3C context, passed on to the engine)."""
     if not pb.request_id or len(pb.request_id) > limits.MAX_REQUEST_ID_CHARS:
         raise InvalidRequest(
             f"request_id must be 1..{limits.MAX_REQUEST_ID_CHARS} characters", param="request_id"
@@ -366,6 +367,7 @@ def embed_request_from_pb(pb: worker_pb2.EmbedRequest) -> EmbedRequest:
         inputs=inputs,
         dimensions=pb.dimensions,
         priority=pb.priority,
+        traceparent=traceparent,
     )
 
 

@@ -1,8 +1,10 @@
 """The seam between the worker's gRPC server and whatever runs the model.
 
-Two implementations: ``SimEngine`` (services/worker/sim/), a performance model of a GPU server
-for GPU-less stacks and large simulations, and ``VllmEngine`` (services/worker/vllm/engine.py),
-vLLM's ``AsyncLLM``. The server only knows this interface; it never imports vllm.
+Three implementations: ``SimEngine`` (services/worker/sim/), a performance model of a GPU server
+for GPU-less stacks and large simulations, ``VllmEngine`` (services/worker/vllm/engine.py),
+vLLM's ``AsyncLLM``, and ``UpstreamEngine`` (services/worker/upstream/), an existing
+OpenAI-compatible server reached over HTTP. The server only knows this interface; it never
+imports vllm.
 
 Contract every engine keeps:
 
@@ -30,9 +32,13 @@ from __future__ import annotations
 import enum
 from collections.abc import AsyncGenerator
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from services.common.capabilities import CHAT_ONLY, Capabilities
+
+if TYPE_CHECKING:
+    from opentelemetry.metrics import Meter
+    from opentelemetry.trace import Tracer
 
 
 class EngineConfigError(ValueError):
@@ -176,6 +182,9 @@ class EngineRequest:
     prompt: RawPrompt | None = None  # a completions request: used instead of ``messages``
     echo: bool = False  # completions: return the prompt with the first output
     resume: ResumeInput | None = None
+    #: W3C ``traceparent`` of the worker's ``worker.Generate`` span ("" when not traced), for
+    #: engines whose own spans and outgoing calls join the request's trace.
+    traceparent: str = ""
 
     @property
     def seed_id(self) -> str:
@@ -259,6 +268,14 @@ class ModelDescription:
     max_model_len: int
     engine: str
     capabilities: Capabilities = CHAT_ONLY
+
+
+@runtime_checkable
+class Instrumented(Protocol):
+    """An engine with telemetry of its own. Engines are built from flags before the worker's
+    telemetry exists; ``WorkerServer`` hands over its tracer and meter before ``start()``."""
+
+    def instrument(self, *, tracer: Tracer, meter: Meter) -> None: ...
 
 
 class Engine(Protocol):

@@ -22,6 +22,7 @@ from services.worker.engine import Engine
 ENGINE_OPTIONS: dict[str, str] = {
     "sim": "services.worker.sim.options",
     "vllm": "services.worker.vllm.options",
+    "openai": "services.worker.upstream.options",
 }
 ENGINE_NAMES = tuple(ENGINE_OPTIONS)
 

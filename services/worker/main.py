@@ -2,6 +2,8 @@
 
     python -m services.worker --engine sim --region kr --worker-id kr-1 --port 50061
     python -m services.worker --engine vllm --model /models/llama --region us --port 50061
+    python -m services.worker --engine openai --upstream-url http://10.0.0.7:8000/v1 \
+        --region us --worker-id us-1 --port 50061
 
 The gRPC server listens before the engine has loaded: health says NOT_SERVING and load reports
 say LOADING, so routers learn about the worker at once but send it nothing until it is ready.
@@ -22,6 +24,7 @@ from services.worker.engine import Engine, EngineConfigError
 from services.worker.engine_factory import ENGINE_NAMES, build_engine
 from services.worker.server import WorkerConfig, WorkerServer
 from services.worker.service import EARLY_REPORT_LOAD
+from services.worker.upstream import options as upstream_options
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
@@ -133,6 +136,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="override one SimConfig field (repeatable)",
     )
+    upstream_options.add_arguments(p)
     telemetry.add_cli_args(p)
     return p
 

@@ -31,7 +31,7 @@ from services.common.grpcutil import Health, new_server
 from services.common.logs import event
 from services.common.startup import bind_grpc
 from services.common.telemetry import Telemetry
-from services.worker.engine import Engine
+from services.worker.engine import Engine, Instrumented
 from services.worker.observability import WorkerTelemetry
 from services.worker.service import EARLY_REPORT_LOAD, WorkerService
 
@@ -82,6 +82,8 @@ class WorkerServer:
         self.config = config
         self.engine = engine
         self._owns_engine = owns_engine
+        if telemetry is not None and isinstance(engine, Instrumented):
+            engine.instrument(tracer=telemetry.tracer, meter=telemetry.meter)
         self.service = WorkerService(
             engine=engine,
             worker_id=config.worker_id,

@@ -125,7 +125,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         )
         try:
             self._admit(request.model)
-            engine_request = convert.request_from_pb(request)
+            engine_request = convert.request_from_pb(request, traceparent=_traceparent(span))
             n = convert.choices_from_pb(request)
             if engine_request.request_id in self._inflight:
                 raise InvalidRequest(
@@ -398,3 +398,11 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
 
     def _models_pb(self) -> list[worker_pb2.ModelInfo]:
         return [convert.model_to_pb(m, draining=self._draining) for m in self._engine.models()]
+
+
+def _traceparent(span: trace.Span) -> str:
+    """The W3C ``traceparent`` of ``span`` ("" for a non-recording, invalid one)."""
+    ctx = span.get_span_context()
+    if not ctx.is_valid:
+        return ""
+    return f"00-{ctx.trace_id:032x}-{ctx.span_id:016x}-{int(ctx.trace_flags):02x}"
