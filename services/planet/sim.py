@@ -5,9 +5,9 @@ clock. One request follows the edge's path (``services/edge/upstream/failover.py
 
     arrival at an edge site ─▶ that site's router replica decides (the router's own
     SchedulerProfile, loaded from the same YAML profile, on this replica's aged view: :mod:`.view`)
-      ─▶ after route_ms + one-way delay the primary worker gets it (a dead one: the edge learns
-         one way later — a connect timeout if partitioned — and tries the next candidate, then
-         asks the router again with the tried ones excluded, up to max_attempts)
+      ─▶ after route_ms + service_ms + one-way delay the primary worker gets it (a dead one:
+         the edge learns one way later — a connect timeout if partitioned — and tries the next
+         candidate, then asks the router again with the tried ones excluded, up to max_attempts)
       ─▶ the worker's engine model batches it (:mod:`.fastworker` or :mod:`.exactworker`)
       ─▶ first token and end reach the edge one way later (TTFT, ITL, e2e measured there)
       ─▶ the edge's outcome report ends the replica's in-flight assignment.
@@ -90,8 +90,9 @@ class Planet:
         record: bool = False,
     ) -> None:
         self.sc = sc
-        #: ``(ttft_ms, region)`` of every first token, when asked (small runs: fidelity checks)
-        self.records: list[tuple[float, str]] | None = [] if record else None
+        #: ``(ttft_ms, region, rid)`` of every first token, when asked (small runs: fidelity
+        #: checks pair them with the real stack's request by request)
+        self.records: list[tuple[float, str, int]] | None = [] if record else None
         self.profile = profile or sc.router.profile
         self.progress = progress
         self.clock = VirtualClock()
@@ -313,7 +314,7 @@ class Planet:
             return
         req.ranked = [self.index[s.worker.worker_id] for s in decision.ranked]
         view.assign(req.ranked[0], req.rid)
-        self._attempt(req, t + self.sc.router.route_s)
+        self._attempt(req, t + self.sc.router.route_s + self.sc.router.service_s)
 
     def _attempt(self, req: Request, t: float) -> None:
         w = req.ranked.pop(0)
@@ -391,7 +392,7 @@ class Planet:
                         self.site_names[req.site], sw.region, req.tier.name.lower(), ttft_ms
                     )
                     if self.records is not None:
-                        self.records.append((ttft_ms, sw.region))
+                        self.records.append((ttft_ms, sw.region, req.rid))
                 return
             edge_t = t + net.to_edge_s(req.site, sw.region_index, False)
             first = req.first_at if req.first_at is not None else edge_t
