@@ -250,7 +250,7 @@ class Planet:
     def _tick(self, n: int, t: float) -> None:
         sc = self.sc
         for view in self.views:  # replicas with no traffic still read their streams
-            view.sync(t, self.logs)
+            view.advance(t, self.logs)
         if n % 10 == 0:
             for g, log in enumerate(self.logs):
                 log.trim(min(v.cursors[g] for v in self.views))
@@ -281,7 +281,7 @@ class Planet:
 
     def _route(self, req: Request, t: float) -> None:
         view = self.views[req.site]
-        rows = view.sync(t, self.logs)
+        view.advance(t, self.logs)
         self.clock.now = t
         query = RouteQuery(
             request_id=str(req.rid),
@@ -295,7 +295,7 @@ class Planet:
             prefix_hashes=req.hashes,
             exclude_worker_ids=frozenset(req.tried),
         )
-        decision = self.schedulers[req.site].schedule(query, rows)
+        decision = self.schedulers[req.site].schedule_view(query, view)
         self.decisions += 1
         req.routes += 1
         m = self.metrics

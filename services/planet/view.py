@@ -31,9 +31,10 @@ import itertools
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import cast
+from typing import Any, cast
 
-from services.router.scheduling.types import ModelStatus, WorkerSnapshot
+from services.router.scheduling.regional import RegionSummary
+from services.router.scheduling.types import ModelState, ModelStatus, WorkerSnapshot
 
 FAILURE_WINDOW_S = 30.0
 
@@ -78,11 +79,25 @@ class StaticWorker:
 
 
 class SiteView:
+    """One replica's registry, and a :class:`~services.router.scheduling.regional.RegionalView`
+    of it: region summaries kept current from what changed (O(1) per changed worker), and rows
+    (``WorkerSnapshot``) built only when a decision asks for their region — so a profile with
+    region pre-selection costs what its chosen regions cost, not what the planet does."""
+
     __slots__ = (
+        "_agg",
+        "_contrib",
         "_dirty",
         "_is_dirty",
         "_pending",
+        "_region_of",
+        "_region_rows",
+        "_region_workers",
+        "_rows",
         "_seq",
+        "_slot",
+        "_stale",
+        "_summaries",
         "assigned",
         "cursors",
         "failures",
@@ -90,7 +105,6 @@ class SiteView:
         "loss",
         "owd_s",
         "reports",
-        "rows",
         "rtt_ms",
         "site",
         "workers",
@@ -119,7 +133,24 @@ class SiteView:
         self._seq = itertools.count()
         self._dirty: list[int] = []
         self._is_dirty = [False] * len(workers)
-        self.rows = [self._build(i) for i in range(len(workers))]
+        self._rows = [self._build(i) for i in range(len(workers))]
+        # Per region: its workers, their rows (aligned), the rows to rebuild before use.
+        self._region_of: dict[str, int] = {}
+        self._region_workers: list[list[int]] = [[] for _ in range(regions)]
+        self._slot = [0] * len(workers)
+        for i, sw in enumerate(workers):
+            self._region_of.setdefault(sw.region, sw.region_index)
+            self._slot[i] = len(self._region_workers[sw.region_index])
+            self._region_workers[sw.region_index].append(i)
+        self._region_rows = [[self._rows[i] for i in ws] for ws in self._region_workers]
+        self._stale: list[list[int]] = [[] for _ in range(regions)]
+        # Region aggregates: [healthy, capacity, busy, {ready model: workers}] and each
+        # worker's part in them; summaries rebuilt when their region's aggregate moved.
+        self._agg: list[list[Any]] = [[0, 0, 0, {}] for _ in range(regions)]
+        self._contrib: list[tuple[int, int, int, tuple[str, ...]]] = [(0, 0, 0, ())] * len(workers)
+        self._summaries: list[RegionSummary | None] = [None] * regions
+        for i in range(len(workers)):
+            self._account(i)
 
     # --- inputs (timestamped with when they reach this site) ------------------------------
 
@@ -135,7 +166,13 @@ class SiteView:
     # --- sync ----------------------------------------------------------------------------
 
     def sync(self, now: float, logs: Sequence[RegionLog]) -> list[WorkerSnapshot]:
-        """Apply everything that has reached this site by ``now``; the rows for the scheduler."""
+        """Apply everything that has reached this site by ``now``; every row, current."""
+        self.advance(now, logs)
+        return self.all_rows()
+
+    def advance(self, now: float, logs: Sequence[RegionLog]) -> None:
+        """Apply everything that has reached this site by ``now`` (rows are built when a
+        decision asks for them: :meth:`rows`, :meth:`all_rows`)."""
         owd = self.owd_s
         cursors = self.cursors
         reports = self.reports
@@ -165,14 +202,98 @@ class SiteView:
             at, _, kind, w, payload = heapq.heappop(pending)
             self._apply(at, kind, w, payload)
         if self._dirty:
-            rows = self.rows
             is_dirty = self._is_dirty
-            build = self._build
+            stale = self._stale
+            workers = self.workers
+            account = self._account
             for w in self._dirty:
                 is_dirty[w] = False
-                rows[w] = build(w)
+                account(w)
+                stale[workers[w].region_index].append(w)
             self._dirty = []
-        return self.rows
+
+    # --- the RegionalView the router's region stage reads --------------------------------
+
+    def _account(self, w: int) -> None:
+        """Move worker ``w``'s part of its region's aggregate to its current state."""
+        sw = self.workers[w]
+        rep = self.reports[w]
+        if self.health[w][0] and not rep.draining:
+            cap = sw.max_running
+            part = (
+                1,
+                cap,
+                min(cap, rep.running + rep.waiting + len(self.assigned[w])),
+                tuple(m.name for m in rep.models if m.state is ModelState.READY),
+            )
+        else:
+            part = (0, 0, 0, ())
+        old = self._contrib[w]
+        if part == old:
+            return
+        g = sw.region_index
+        agg = self._agg[g]
+        agg[0] += part[0] - old[0]
+        agg[1] += part[1] - old[1]
+        agg[2] += part[2] - old[2]
+        if part[3] != old[3]:
+            models: dict[str, int] = agg[3]
+            for m in old[3]:
+                models[m] -= 1
+                if not models[m]:
+                    del models[m]
+            for m in part[3]:
+                models[m] = models.get(m, 0) + 1
+        self._contrib[w] = part
+        self._summaries[g] = None
+
+    def summaries(self) -> list[RegionSummary]:
+        out = self._summaries
+        for g, summary in enumerate(out):
+            if summary is None:
+                healthy, cap, busy, models = self._agg[g]
+                out[g] = RegionSummary(
+                    self.workers[self._region_workers[g][0]].region
+                    if self._region_workers[g]
+                    else "",
+                    len(self._region_workers[g]),
+                    healthy,
+                    cap,
+                    busy,
+                    self.rtt_ms[g] if healthy else None,
+                    frozenset(models),
+                )
+        return cast(list[RegionSummary], [s for s in out if s is not None and s.workers])
+
+    def _fresh(self, g: int) -> list[WorkerSnapshot]:
+        stale = self._stale[g]
+        if stale:
+            rows, region_rows, slot, build = (
+                self._rows,
+                self._region_rows[g],
+                self._slot,
+                self._build,
+            )
+            for w in stale:
+                row = build(w)
+                rows[w] = row
+                region_rows[slot[w]] = row
+            self._stale[g] = []
+        return self._region_rows[g]
+
+    def rows(self, regions: Sequence[str]) -> list[WorkerSnapshot]:
+        out: list[WorkerSnapshot] = []
+        for r in regions:
+            g = self._region_of.get(r)
+            if g is not None:
+                out.extend(self._fresh(g))
+        return out
+
+    def all_rows(self) -> list[WorkerSnapshot]:
+        for g in range(len(self._stale)):
+            if self._stale[g]:
+                self._fresh(g)
+        return self._rows
 
     def _apply(self, at: float, kind: int, w: int, payload: object) -> None:
         if kind == OUTCOME:
@@ -194,6 +315,7 @@ class SiteView:
             rtt, loss = cast(tuple[float, float], payload)
             self.rtt_ms[w] = rtt
             self.loss[w] = loss
+            self._summaries[w] = None  # w: a region index here
             for i, sw in enumerate(self.workers):
                 if sw.region_index == w:
                     self._touch(i)
