@@ -120,10 +120,18 @@ class Planet:
             tuple(ModelStatus(m, ModelState.READY, w.config.max_model_len) for m in w.models)
             for w in sc.workers
         ]
-        self.logs = [RegionLog() for _ in self.regions]
         self.last_report: list[Report] = [
             self._idle_report(i, 0.0) for i in range(len(self.engines))
         ]
+        # Each region's aggregate at its source (healthy, slots, busy, {ready model: count})
+        # and each worker's part in it: updated once per report, read by every replica's
+        # region stage at its own horizon through the region's log.
+        self.agg: list[list[Any]] = [[0, 0, 0, {}] for _ in self.regions]
+        self.agg_models: list[frozenset[str]] = [frozenset() for _ in self.regions]
+        self.part: list[tuple[int, int, int, tuple[str, ...]]] = [(0, 0, 0, ())] * len(self.engines)
+        for i in range(len(self.engines)):
+            self._account(i)
+        self.logs = [RegionLog(self._aggregate(g)) for g in range(len(self.regions))]
         self.report_version = [0] * len(self.engines)
         self.report_pending = [False] * len(self.engines)
         self.report_anchor = [self.rng.random() * sc.router.report_interval_s for _ in self.engines]
@@ -176,6 +184,52 @@ class Planet:
                     regions = frozenset({f"(none in zone {','.join(zones)})"})
                 out[(t.name, s)] = regions
         return out
+
+    def _account(self, w: int) -> bool:
+        """Move worker ``w``'s part of its region's aggregate to its state; True if it moved."""
+        rep = self.last_report[w]
+        if self.up[w] and not rep.draining:
+            cap = self.static[w].max_running
+            part = (
+                1,
+                cap,
+                max(0, min(cap, rep.running + rep.waiting)),
+                tuple(m.name for m in rep.models if m.state is ModelState.READY),
+            )
+        else:
+            part = (0, 0, 0, ())
+        old = self.part[w]
+        if part == old:
+            return False
+        g = self.static[w].region_index
+        agg = self.agg[g]
+        agg[0] += part[0] - old[0]
+        agg[1] += part[1] - old[1]
+        agg[2] += part[2] - old[2]
+        if part[3] != old[3]:
+            models: dict[str, int] = agg[3]
+            for m in old[3]:
+                models[m] -= 1
+                if not models[m]:
+                    del models[m]
+            for m in part[3]:
+                models[m] = models.get(m, 0) + 1
+            self.agg_models[g] = frozenset(models)
+        self.part[w] = part
+        return True
+
+    def _aggregate(self, g: int) -> tuple[int, int, int, frozenset[str]]:
+        agg = self.agg[g]
+        return (agg[0], agg[1], agg[2], self.agg_models[g])
+
+    def _publish(self, w: int, t: float, rep: Report | None) -> None:
+        """Append a report (or, ``rep`` None, a change of the worker's state alone) to its
+        region's log, with the region's aggregate after it."""
+        moved = self._account(w)
+        if rep is None and not moved:
+            return
+        g = self.static[w].region_index
+        self.logs[g].append(t, w if rep is not None else -1, rep, self._aggregate(g))
 
     def _idle_report(self, w: int, t: float) -> Report:
         return Report(t, 0, 0, 0.0, 0.0, 0.0, 0.0, self.models[w], False, ())
@@ -252,6 +306,8 @@ class Planet:
         for view in self.views:  # replicas with no traffic still read their streams
             view.advance(t, self.logs)
         if n % 10 == 0:
+            for view in self.views:  # regions a replica has not asked for: applied now, so
+                view.catch_up_all()  # the logs can be trimmed
             for g, log in enumerate(self.logs):
                 log.trim(min(v.cursors[g] for v in self.views))
         interval = max(1, round(sc.report_interval_s))
@@ -466,7 +522,7 @@ class Planet:
             rep = Report(t, running, waiting, kv, tps, hit, gpu, self.models[w], False, admitted)
             self.last_report[w] = rep
             self.admitted[w] = []
-            self.logs[self.static[w].region_index].entries.append((t, w, rep))
+            self._publish(w, t, rep)
             mr = self.static[w].max_running
             self.last_load[w] = max((running + waiting) / mr, kv)
         if changed or eng.busy:
@@ -531,6 +587,7 @@ class Planet:
             return
         self.up[w] = False
         self.down_mode[w] = mode
+        self._publish(w, t, None)
         self.report_version[w] += 1
         self.report_pending[w] = False
         g = self.static[w].region_index
@@ -565,6 +622,7 @@ class Planet:
             return
         self.up[w] = True
         self.down_mode[w] = ""
+        self._publish(w, t, None)
         g = self.static[w].region_index
         for si, view in enumerate(self.views):
             view.later(t + self.network.one_way_s(si, g), HEALTH, w, (True, "ok"))

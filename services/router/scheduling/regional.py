@@ -34,9 +34,10 @@ Profile YAML (optional; absent: the profile sees the whole fleet, as before)::
 
 from __future__ import annotations
 
+import heapq
 import random
 from collections.abc import Hashable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
 from services.router.scheduling.incremental import changed_positions
@@ -164,6 +165,10 @@ class RegionStage:
     latency_weight: float = 1.0
     capacity_weight: float = 1.0
     unknown_score: float = 0.25
+    # id(summary) → (summary, has free slots, score): summaries are immutable
+    _keys: dict[int, tuple[RegionSummary, bool, float]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
 
     def __post_init__(self) -> None:
         require(self.max_regions >= 1, "max_regions", "must be >= 1")
@@ -208,18 +213,29 @@ class RegionStage:
     def select(
         self, query: RouteQuery, summaries: Sequence[RegionSummary], rng: random.Random
     ) -> tuple[tuple[str, ...], int]:
-        """The chosen regions, best first, and how many regions were eligible."""
+        """The chosen regions, best first, and how many regions were eligible.
+
+        A summary's rank key is computed once per summary object (a view hands in the same
+        object until its region changes), and ties are broken by a random rotation of the
+        list, so a decision over ~100 regions costs ~100 dictionary look-ups."""
         idx = self.eligible(query, summaries)
-        if len(idx) <= self.max_regions:
-            ranked = idx
-        else:
-            rng.shuffle(idx)  # ties in random order (the sort is stable)
-            ranked = sorted(
-                idx,
-                key=lambda i: (summaries[i].free > 0, self.score(summaries[i])),
-                reverse=True,
-            )[: self.max_regions]
-        return tuple(summaries[i].region for i in ranked), len(idx)
+        n = len(idx)
+        if n <= self.max_regions:
+            return tuple(summaries[i].region for i in idx), n
+        keys = self._keys
+        if len(keys) > 8192:
+            keys.clear()
+        off = rng.randrange(n)
+        ranked: list[tuple[bool, float, int, int]] = []
+        for j, i in enumerate(idx):
+            s = summaries[i]
+            cached = keys.get(id(s))
+            if cached is None or cached[0] is not s:
+                cached = (s, s.free > 0, self.score(s))
+                keys[id(s)] = cached
+            ranked.append((cached[1], cached[2], (j - off) % n, i))
+        best = heapq.nlargest(self.max_regions, ranked)
+        return tuple(summaries[t[3]].region for t in best), n
 
 
 def read_stage(raw: object) -> RegionStage:
