@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
 import math
 import os
 import platform
@@ -286,6 +287,7 @@ class Outcome:
     prompt_tokens: int = 0
     cached_tokens: int = 0
     refused: bool = False
+    started_s: float = 0.0  # time.perf_counter() when it was sent
 
 
 class Client:
@@ -326,7 +328,7 @@ class Client:
                 timeout=5.0,
             )
         except grpc.aio.AioRpcError:
-            return Outcome(None, refused=True)
+            return Outcome(None, refused=True, started_s=started)
         cand = decision.candidates[0]
         gen = worker_pb2.GenerateRequest(request_id=f"q{ask.seed}", model=MODEL)
         for m in messages:
@@ -351,7 +353,9 @@ class Client:
         task = asyncio.create_task(self._report(report))
         self._background.add(task)
         task.add_done_callback(self._background.discard)
-        return Outcome(ttft, cand.region, usage.prompt_tokens, usage.cached_prompt_tokens)
+        return Outcome(
+            ttft, cand.region, usage.prompt_tokens, usage.cached_prompt_tokens, started_s=started
+        )
 
     async def _report(self, report: router_pb2.OutcomeReport) -> None:
         with suppress(grpc.aio.AioRpcError):
@@ -375,23 +379,71 @@ class Result:
     loop_lag_ms: float  # p99
     loop_stall_ms: float  # max
     flood: tuple[Outcome, ...] = ()  # the LOW-priority flood's outcomes (--flood)
+    #: per measured outcome: how late the event loop ran, summed, while it waited for its
+    #: first token (ms) — the part of its TTFT that measures the machine, not the stack
+    late_ms: tuple[float, ...] = ()
+    #: the calibration pass's outcomes: one request at a time on the idle stack, before the
+    #: measured traffic (``calibrate``)
+    calibration: tuple[Outcome, ...] = ()
+    #: how long the process waited for a CPU during the measured traffic (Linux schedstat; ms)
+    cpu_wait_ms: float = math.nan
+    calibration_late_ms: tuple[float, ...] = ()  # as ``late_ms``, for ``calibration``
 
     def ttfts_ms(self) -> list[float]:
         return sorted(o.ttft_s * 1000 for o in self.outcomes if o.ttft_s is not None)
 
 
+def calibration_asks(count: int) -> list[Ask]:
+    """``count`` requests of the measured shape (a ~900-token system prompt, a question, 16..64
+    tokens) from conversations of their own (none of the measured ones: no cache to find), a
+    second apart: the stack's fixed cost per request, at no load."""
+    rng = random.Random("calibration")
+    return [
+        Ask(
+            float(i),
+            CONVERSATIONS + i,
+            " ".join(rng.choice(WORDS) for _ in range(rng.randint(8, 24))) + "?",
+            rng.randint(16, 64),
+            900_000 + i,
+        )
+        for i in range(count)
+    ]
+
+
+def cpu_wait_ms() -> float:
+    """Time this process has spent runnable but waiting for a CPU (Linux ``schedstat``): the
+    direct measure of a machine too busy to run it. NaN elsewhere."""
+    try:
+        with open("/proc/self/schedstat", encoding="ascii") as f:
+            return int(f.read().split()[1]) / 1e6
+    except (OSError, IndexError, ValueError):
+        return math.nan
+
+
 async def run_profile(
-    profile: str, asks: Sequence[Ask], seed: int, flood: Sequence[Ask] = ()
+    profile: str,
+    asks: Sequence[Ask],
+    seed: int,
+    flood: Sequence[Ask] = (),
+    calibrate: Sequence[Ask] = (),
 ) -> Result:
     """One stack, one profile: the measured asks (HIGH priority when there is a ``flood`` of
-    LOW-priority asks beside them; the flood's outcomes are in ``Result.flood``)."""
+    LOW-priority asks beside them; the flood's outcomes are in ``Result.flood``). The
+    ``calibrate`` asks go first, one at a time, 0.2 s apart, on the idle stack."""
     stack = Stack()
     await stack.start(profile, seed)
     client = Client(stack.router_address)
     lag = LagMeter()
+    calibrated: list[Outcome] = []
     try:
         await client.warm([f"{p.host}:{p.port}" for p in stack.proxies])
         lag.start()
+        for ask in calibrate:
+            calibrated.append(await client.ask(ask, time.perf_counter()))
+            await asyncio.sleep(0.2)
+        if calibrate:
+            await asyncio.sleep(0.5)  # the calibration's streams end, its reports age out
+        waited = cpu_wait_ms()
         loop = asyncio.get_running_loop()
         t0 = loop.time()
 
@@ -405,19 +457,27 @@ async def run_profile(
             *(one(a, high) for a in asks), *(one(a, router_pb2.PRIORITY_LOW) for a in flood)
         )
         outcomes, flooded = both[: len(asks)], both[len(asks) :]
+        waited = cpu_wait_ms() - waited
     finally:
         await lag.stop()
         await client.close()
         await stack.stop()
-    return Result(profile, tuple(outcomes), lag.p99_ms(), lag.max_ms(), tuple(flooded))
+    return Result(
+        profile, tuple(outcomes), lag.p99_ms(), lag.max_ms(), tuple(flooded),
+        tuple(lag.late_for(o) for o in outcomes), tuple(calibrated), waited,
+        tuple(lag.late_for(o) for o in calibrated),
+    )  # fmt: skip
 
 
 class LagMeter:
     """How late the event loop wakes up (everything shares one process): if this is large,
     TTFTs measure the machine, not the routing."""
 
+    TICK_S = 0.01
+
     def __init__(self) -> None:
         self._lags: list[float] = []
+        self._woke: list[float] = []  # time.perf_counter() of each wake-up
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -427,8 +487,33 @@ class LagMeter:
         loop = asyncio.get_running_loop()
         while True:
             t = loop.time()
-            await asyncio.sleep(0.01)
-            self._lags.append((loop.time() - t - 0.01) * 1000)
+            await asyncio.sleep(self.TICK_S)
+            self._lags.append(max(0.0, (loop.time() - t - self.TICK_S) * 1000))
+            self._woke.append(time.perf_counter())
+
+    # A request's wait depends on the queue it finds, which the last ~100 ms built (one load
+    # report interval; two arrivals at 20/s): lateness then delays it as surely as lateness
+    # during its own wait (an engine step that wakes late pushes back the whole batch).
+    LOOKBACK_S = 0.1
+
+    def late_for(self, o: Outcome) -> float:
+        """:meth:`late_ms` over the outcome's wait for its first token and the
+        ``LOOKBACK_S`` before it."""
+        return self.late_ms(o.started_s - self.LOOKBACK_S, o.started_s + (o.ttft_s or 0.0))
+
+    def late_ms(self, start_s: float, end_s: float) -> float:
+        """The loop's lateness summed over the wake-ups whose late interval overlaps
+        ``[start_s, end_s]`` (``perf_counter`` seconds): how much of that span the process
+        could not run."""
+        i = bisect.bisect_left(self._woke, start_s)
+        total = 0.0
+        while i < len(self._woke):
+            woke, lag = self._woke[i], self._lags[i]
+            if woke - lag / 1000 > end_s:
+                break
+            total += lag
+            i += 1
+        return total
 
     async def stop(self) -> None:
         if self._task is not None:

@@ -9,7 +9,8 @@ Every problem is reported at once, each with its location (``fleet.groups[1].gpu
     sites:    "*" or [names]                  the edge sites that exist (one router replica each)
     network:  {path_stretch, overhead_ms, jitter_ms, loss, links: [{site, region, rtt_ms, loss}]}
     fleet:    {gpus: {name: SimConfig keys}, groups: [{regions, workers, gpu, models}]}
-    router:   {profile, report_interval_ms, route_ms, early_report_load, stale_after_ms, ...}
+    router:   {profile, report_interval_ms, route_ms, service_ms, early_report_load,
+               stale_after_ms, ...}
     traffic:  {rate_per_s, diurnal[24], mixes: [...], tenants: [...]} or {trace: file.jsonl}
     background: [{region, streams_per_worker, prompt_tokens, max_tokens}]
     events:   [{kind: region-outage | link-degraded | worker-crash | hotspot | model-rollout, ...}]
@@ -137,6 +138,10 @@ class RouterSpec:
     profile: Path
     report_interval_s: float
     route_s: float
+    #: Meridian's own processing on a request's way to the engine, outside the decision, the
+    #: network and the engine: the edge's pipeline, the Generate call's set-up, the stream's
+    #: hops. Measured on a real stack (``bench.planet_fidelity``'s calibration pass); 0 = free.
+    service_s: float
     early_report_load: float
     stale_after_s: float
     probe_delay_s: float
@@ -535,8 +540,9 @@ class _Builder:
 
     def router(self, node: Node) -> RouterSpec:
         keys = (
-            "profile", "report_interval_ms", "route_ms", "early_report_load", "stale_after_ms",
-            "probe_delay_ms", "max_attempts", "connect_timeout_ms", "report_deadband",
+            "profile", "report_interval_ms", "route_ms", "service_ms", "early_report_load",
+            "stale_after_ms", "probe_delay_ms", "max_attempts", "connect_timeout_ms",
+            "report_deadband",
         )  # fmt: skip
         if node.missing:
             node = Node(self.problems, {}, "router")
@@ -555,6 +561,7 @@ class _Builder:
             profile=path,
             report_interval_s=node.get("report_interval_ms").number(100.0, lo=20, hi=60_000) / 1e3,
             route_s=node.get("route_ms").number(1.0, lo=0, hi=10_000) / 1e3,
+            service_s=node.get("service_ms").number(0.0, lo=0, hi=10_000) / 1e3,
             early_report_load=node.get("early_report_load").number(0.9, lo=0, hi=1),
             stale_after_s=node.get("stale_after_ms").number(600.0, lo=1) / 1e3,
             probe_delay_s=node.get("probe_delay_ms").number(300.0, lo=0) / 1e3,

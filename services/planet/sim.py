@@ -5,9 +5,9 @@ clock. One request follows the edge's path (``services/edge/upstream/failover.py
 
     arrival at an edge site ─▶ that site's router replica decides (the router's own
     SchedulerProfile, loaded from the same YAML profile, on this replica's aged view: :mod:`.view`)
-      ─▶ after route_ms + one-way delay the primary worker gets it (a dead one: the edge learns
-         one way later — a connect timeout if partitioned — and tries the next candidate, then
-         asks the router again with the tried ones excluded, up to max_attempts)
+      ─▶ after route_ms + service_ms + one-way delay the primary worker gets it (a dead one:
+         the edge learns one way later — a connect timeout if partitioned — and tries the next
+         candidate, then asks the router again with the tried ones excluded, up to max_attempts)
       ─▶ the worker's engine model batches it (:mod:`.fastworker` or :mod:`.exactworker`)
       ─▶ first token and end reach the edge one way later (TTFT, ITL, e2e measured there)
       ─▶ the edge's outcome report ends the replica's in-flight assignment.
@@ -90,8 +90,9 @@ class Planet:
         record: bool = False,
     ) -> None:
         self.sc = sc
-        #: ``(ttft_ms, region)`` of every first token, when asked (small runs: fidelity checks)
-        self.records: list[tuple[float, str]] | None = [] if record else None
+        #: ``(ttft_ms, region, rid)`` of every first token, when asked (small runs: fidelity
+        #: checks pair them with the real stack's request by request)
+        self.records: list[tuple[float, str, int]] | None = [] if record else None
         self.profile = profile or sc.router.profile
         self.progress = progress
         self.clock = VirtualClock()
@@ -119,10 +120,18 @@ class Planet:
             tuple(ModelStatus(m, ModelState.READY, w.config.max_model_len) for m in w.models)
             for w in sc.workers
         ]
-        self.logs = [RegionLog() for _ in self.regions]
         self.last_report: list[Report] = [
             self._idle_report(i, 0.0) for i in range(len(self.engines))
         ]
+        # Each region's aggregate at its source (healthy, slots, busy, {ready model: count})
+        # and each worker's part in it: updated once per report, read by every replica's
+        # region stage at its own horizon through the region's log.
+        self.agg: list[list[Any]] = [[0, 0, 0, {}] for _ in self.regions]
+        self.agg_models: list[frozenset[str]] = [frozenset() for _ in self.regions]
+        self.part: list[tuple[int, int, int, tuple[str, ...]]] = [(0, 0, 0, ())] * len(self.engines)
+        for i in range(len(self.engines)):
+            self._account(i)
+        self.logs = [RegionLog(self._aggregate(g)) for g in range(len(self.regions))]
         self.report_version = [0] * len(self.engines)
         self.report_pending = [False] * len(self.engines)
         self.report_anchor = [self.rng.random() * sc.router.report_interval_s for _ in self.engines]
@@ -175,6 +184,52 @@ class Planet:
                     regions = frozenset({f"(none in zone {','.join(zones)})"})
                 out[(t.name, s)] = regions
         return out
+
+    def _account(self, w: int) -> bool:
+        """Move worker ``w``'s part of its region's aggregate to its state; True if it moved."""
+        rep = self.last_report[w]
+        if self.up[w] and not rep.draining:
+            cap = self.static[w].max_running
+            part = (
+                1,
+                cap,
+                max(0, min(cap, rep.running + rep.waiting)),
+                tuple(m.name for m in rep.models if m.state is ModelState.READY),
+            )
+        else:
+            part = (0, 0, 0, ())
+        old = self.part[w]
+        if part == old:
+            return False
+        g = self.static[w].region_index
+        agg = self.agg[g]
+        agg[0] += part[0] - old[0]
+        agg[1] += part[1] - old[1]
+        agg[2] += part[2] - old[2]
+        if part[3] != old[3]:
+            models: dict[str, int] = agg[3]
+            for m in old[3]:
+                models[m] -= 1
+                if not models[m]:
+                    del models[m]
+            for m in part[3]:
+                models[m] = models.get(m, 0) + 1
+            self.agg_models[g] = frozenset(models)
+        self.part[w] = part
+        return True
+
+    def _aggregate(self, g: int) -> tuple[int, int, int, frozenset[str]]:
+        agg = self.agg[g]
+        return (agg[0], agg[1], agg[2], self.agg_models[g])
+
+    def _publish(self, w: int, t: float, rep: Report | None) -> None:
+        """Append a report (or, ``rep`` None, a change of the worker's state alone) to its
+        region's log, with the region's aggregate after it."""
+        moved = self._account(w)
+        if rep is None and not moved:
+            return
+        g = self.static[w].region_index
+        self.logs[g].append(t, w if rep is not None else -1, rep, self._aggregate(g))
 
     def _idle_report(self, w: int, t: float) -> Report:
         return Report(t, 0, 0, 0.0, 0.0, 0.0, 0.0, self.models[w], False, ())
@@ -249,8 +304,10 @@ class Planet:
     def _tick(self, n: int, t: float) -> None:
         sc = self.sc
         for view in self.views:  # replicas with no traffic still read their streams
-            view.sync(t, self.logs)
+            view.advance(t, self.logs)
         if n % 10 == 0:
+            for view in self.views:  # regions a replica has not asked for: applied now, so
+                view.catch_up_all()  # the logs can be trimmed
             for g, log in enumerate(self.logs):
                 log.trim(min(v.cursors[g] for v in self.views))
         interval = max(1, round(sc.report_interval_s))
@@ -280,7 +337,7 @@ class Planet:
 
     def _route(self, req: Request, t: float) -> None:
         view = self.views[req.site]
-        rows = view.sync(t, self.logs)
+        view.advance(t, self.logs)
         self.clock.now = t
         query = RouteQuery(
             request_id=str(req.rid),
@@ -294,7 +351,7 @@ class Planet:
             prefix_hashes=req.hashes,
             exclude_worker_ids=frozenset(req.tried),
         )
-        decision = self.schedulers[req.site].schedule(query, rows)
+        decision = self.schedulers[req.site].schedule_view(query, view)
         self.decisions += 1
         req.routes += 1
         m = self.metrics
@@ -313,7 +370,7 @@ class Planet:
             return
         req.ranked = [self.index[s.worker.worker_id] for s in decision.ranked]
         view.assign(req.ranked[0], req.rid)
-        self._attempt(req, t + self.sc.router.route_s)
+        self._attempt(req, t + self.sc.router.route_s + self.sc.router.service_s)
 
     def _attempt(self, req: Request, t: float) -> None:
         w = req.ranked.pop(0)
@@ -391,7 +448,7 @@ class Planet:
                         self.site_names[req.site], sw.region, req.tier.name.lower(), ttft_ms
                     )
                     if self.records is not None:
-                        self.records.append((ttft_ms, sw.region))
+                        self.records.append((ttft_ms, sw.region, req.rid))
                 return
             edge_t = t + net.to_edge_s(req.site, sw.region_index, False)
             first = req.first_at if req.first_at is not None else edge_t
@@ -465,7 +522,7 @@ class Planet:
             rep = Report(t, running, waiting, kv, tps, hit, gpu, self.models[w], False, admitted)
             self.last_report[w] = rep
             self.admitted[w] = []
-            self.logs[self.static[w].region_index].entries.append((t, w, rep))
+            self._publish(w, t, rep)
             mr = self.static[w].max_running
             self.last_load[w] = max((running + waiting) / mr, kv)
         if changed or eng.busy:
@@ -530,6 +587,7 @@ class Planet:
             return
         self.up[w] = False
         self.down_mode[w] = mode
+        self._publish(w, t, None)
         self.report_version[w] += 1
         self.report_pending[w] = False
         g = self.static[w].region_index
@@ -564,6 +622,7 @@ class Planet:
             return
         self.up[w] = True
         self.down_mode[w] = ""
+        self._publish(w, t, None)
         g = self.static[w].region_index
         for si, view in enumerate(self.views):
             view.later(t + self.network.one_way_s(si, g), HEALTH, w, (True, "ok"))

@@ -26,6 +26,7 @@ replicas).
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import itertools
 from collections import deque
@@ -33,6 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import cast
 
+from services.router.scheduling.regional import RegionSummary
 from services.router.scheduling.types import ModelStatus, WorkerSnapshot
 
 FAILURE_WINDOW_S = 30.0
@@ -52,20 +54,45 @@ class Report:
     admitted: tuple[int, ...]
 
 
+#: a region's aggregate at its source: (healthy workers, their slots, busy slots, ready models)
+Aggregate = tuple[int, int, int, frozenset[str]]
+
+
 class RegionLog:
-    """Reports sent by one region's workers, in send order: ``(sent_at, worker, report)``."""
+    """Reports sent by one region's workers, in send order: ``(sent_at, worker, report)``
+    (worker -1, report None: only the region's aggregate moved — a worker died or came
+    back), with the region's aggregate after each entry (``aggs``; ``times`` for bisection).
+    The aggregate is kept at the source, once per report, and read by every replica at its own
+    horizon: what a replica's region stage reads without applying the reports one by one."""
 
-    __slots__ = ("base", "entries")
+    __slots__ = ("aggs", "base", "entries", "initial", "times")
 
-    def __init__(self) -> None:
-        self.entries: list[tuple[float, int, Report]] = []
+    def __init__(self, initial: Aggregate = (0, 0, 0, frozenset())) -> None:
+        self.entries: list[tuple[float, int, Report | None]] = []
+        self.times: list[float] = []
+        self.aggs: list[Aggregate] = []
+        self.initial = initial  # the aggregate before entries[0]
         self.base = 0  # absolute index of entries[0]
+
+    def append(self, t: float, w: int, rep: Report | None, agg: Aggregate) -> None:
+        self.entries.append((t, w, rep))
+        self.times.append(t)
+        self.aggs.append(agg)
 
     def trim(self, upto: int) -> None:
         cut = upto - self.base
         if cut > 0:
+            self.initial = self.aggs[cut - 1]
             del self.entries[:cut]
+            del self.times[:cut]
+            del self.aggs[:cut]
             self.base = upto
+
+    def at(self, horizon: float, lo: int) -> tuple[Aggregate, int]:
+        """The aggregate as of ``horizon`` and the absolute index after the last entry sent
+        by then (``lo``: an absolute index known to be at or before it)."""
+        i = bisect.bisect_right(self.times, horizon, max(0, lo - self.base))
+        return (self.aggs[i - 1] if i else self.initial), i + self.base
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,11 +105,28 @@ class StaticWorker:
 
 
 class SiteView:
+    """One replica's registry, and a :class:`~services.router.scheduling.regional.RegionalView`
+    of it. Lazy, region by region: a region's reports are applied (and its rows rebuilt) when
+    a decision asks for its rows, or when this replica has requests in flight there (their
+    admissions end them); region summaries come from the regions' logs' aggregates at this
+    replica's horizon, plus its own requests in flight there. So a profile with region
+    pre-selection costs what its chosen regions cost, not what the planet does."""
+
     __slots__ = (
-        "_dirty",
-        "_is_dirty",
+        "_acur",
+        "_logs",
+        "_now",
+        "_own",
         "_pending",
+        "_region_of",
+        "_region_rows",
+        "_region_workers",
+        "_rows",
         "_seq",
+        "_slot",
+        "_stale",
+        "_stale_flag",
+        "_summaries",
         "assigned",
         "cursors",
         "failures",
@@ -90,7 +134,6 @@ class SiteView:
         "loss",
         "owd_s",
         "reports",
-        "rows",
         "rtt_ms",
         "site",
         "workers",
@@ -114,12 +157,26 @@ class SiteView:
         self.assigned: list[dict[int, None]] = [{} for _ in workers]
         self.failures: list[deque[float]] = [deque() for _ in workers]
         self.health: list[tuple[bool, str]] = [(True, "ok")] * len(workers)
-        self.cursors = [0] * regions
+        self.cursors = [0] * regions  # per region: the next log entry to apply
+        self._acur = [0] * regions  # per region: the log entry its summary was read at
+        self._own = [0] * regions  # per region: this replica's requests in flight there
+        self._logs: Sequence[RegionLog] = ()
+        self._now = 0.0
         self._pending: list[tuple[float, int, int, int, object]] = []
         self._seq = itertools.count()
-        self._dirty: list[int] = []
-        self._is_dirty = [False] * len(workers)
-        self.rows = [self._build(i) for i in range(len(workers))]
+        self._rows = [self._build(i) for i in range(len(workers))]
+        self._region_of: dict[str, int] = {}
+        self._region_workers: list[list[int]] = [[] for _ in range(regions)]
+        self._slot = [0] * len(workers)
+        for i, sw in enumerate(workers):
+            self._region_of.setdefault(sw.region, sw.region_index)
+            self._slot[i] = len(self._region_workers[sw.region_index])
+            self._region_workers[sw.region_index].append(i)
+        self._region_rows = [[self._rows[i] for i in ws] for ws in self._region_workers]
+        self._stale: list[list[int]] = [[] for _ in range(regions)]
+        self._stale_flag = [False] * len(workers)
+        # per region: (log index read, own in flight, rtt, summary)
+        self._summaries: list[tuple[int, int, float, RegionSummary] | None] = [None] * regions
 
     # --- inputs (timestamped with when they reach this site) ------------------------------
 
@@ -129,55 +186,65 @@ class SiteView:
         heapq.heappush(self._pending, (at, next(self._seq), kind, worker, payload))
 
     def assign(self, worker: int, rid: int) -> None:
-        self.assigned[worker][rid] = None
+        mine = self.assigned[worker]
+        if rid not in mine:
+            mine[rid] = None
+            self._own[self.workers[worker].region_index] += 1
         self._touch(worker)
 
-    # --- sync ----------------------------------------------------------------------------
+    def _end(self, w: int, rid: int) -> None:
+        mine = self.assigned[w]
+        if rid in mine:
+            del mine[rid]
+            self._own[self.workers[w].region_index] -= 1
+
+    # --- time ----------------------------------------------------------------------------
 
     def sync(self, now: float, logs: Sequence[RegionLog]) -> list[WorkerSnapshot]:
-        """Apply everything that has reached this site by ``now``; the rows for the scheduler."""
-        owd = self.owd_s
-        cursors = self.cursors
-        reports = self.reports
-        assigned = self.assigned
-        touch = self._touch
-        for g, log in enumerate(logs):
-            c = cursors[g]
-            entries = log.entries
-            i = c - log.base
-            if i >= len(entries):
-                continue
-            horizon = now - owd[g]
-            n = len(entries)
-            while i < n and entries[i][0] <= horizon:
-                _, w, rep = entries[i]
-                reports[w] = rep
-                if rep.admitted:
-                    mine = assigned[w]
-                    if mine:
-                        for rid in rep.admitted:
-                            mine.pop(rid, None)
-                touch(w)
-                i += 1
-            cursors[g] = i + log.base
+        """Apply everything that has reached this site by ``now``; every row, current."""
+        self.advance(now, logs)
+        return self.all_rows()
+
+    def advance(self, now: float, logs: Sequence[RegionLog]) -> None:
+        """Move this replica to ``now``: what reached it by then (outcomes, health, links)
+        is applied; regions' reports are applied when their region is asked for."""
+        self._now = now
+        self._logs = logs
         pending = self._pending
         while pending and pending[0][0] <= now:
             at, _, kind, w, payload = heapq.heappop(pending)
             self._apply(at, kind, w, payload)
-        if self._dirty:
-            rows = self.rows
-            is_dirty = self._is_dirty
-            build = self._build
-            for w in self._dirty:
-                is_dirty[w] = False
-                rows[w] = build(w)
-            self._dirty = []
-        return self.rows
+
+    def catch_up(self, g: int) -> None:
+        """Apply region ``g``'s reports that have reached this site by now."""
+        log = self._logs[g]
+        entries = log.entries
+        i = self.cursors[g] - log.base
+        n = len(entries)
+        if i >= n:
+            return
+        horizon = self._now - self.owd_s[g]
+        reports, assigned, touch = self.reports, self.assigned, self._touch
+        while i < n and entries[i][0] <= horizon:
+            _, w, rep = entries[i]
+            i += 1
+            if rep is None:
+                continue
+            reports[w] = rep
+            if rep.admitted and assigned[w]:
+                for rid in rep.admitted:
+                    self._end(w, rid)
+            touch(w)
+        self.cursors[g] = i + log.base
+
+    def catch_up_all(self) -> None:
+        for g in range(len(self._logs)):
+            self.catch_up(g)
 
     def _apply(self, at: float, kind: int, w: int, payload: object) -> None:
         if kind == OUTCOME:
             rid, failed = cast(tuple[int, bool], payload)
-            self.assigned[w].pop(rid, None)
+            self._end(w, rid)
             if failed:
                 self.failures[w].append(at)
                 self.later(at + FAILURE_WINDOW_S, EXPIRE, w)
@@ -194,14 +261,71 @@ class SiteView:
             rtt, loss = cast(tuple[float, float], payload)
             self.rtt_ms[w] = rtt
             self.loss[w] = loss
-            for i, sw in enumerate(self.workers):
-                if sw.region_index == w:
-                    self._touch(i)
+            for i in self._region_workers[w]:  # w: a region index here
+                self._touch(i)
 
     def _touch(self, w: int) -> None:
-        if not self._is_dirty[w]:
-            self._is_dirty[w] = True
-            self._dirty.append(w)
+        if not self._stale_flag[w]:
+            self._stale_flag[w] = True
+            self._stale[self.workers[w].region_index].append(w)
+
+    # --- the RegionalView the router's region stage reads --------------------------------
+
+    def summaries(self) -> list[RegionSummary]:
+        out: list[RegionSummary] = []
+        now, owd, logs, own = self._now, self.owd_s, self._logs, self._own
+        cache = self._summaries
+        for g, ws in enumerate(self._region_workers):
+            if not ws:
+                continue
+            if own[g]:
+                self.catch_up(g)  # its admissions end this replica's requests in flight
+            (healthy, cap, busy, models), at = logs[g].at(now - owd[g], self._acur[g])
+            self._acur[g] = at
+            mine, rtt = own[g], self.rtt_ms[g]
+            hit = cache[g]
+            if hit is not None and hit[0] == at and hit[1] == mine and hit[2] == rtt:
+                out.append(hit[3])
+                continue
+            summary = RegionSummary(
+                self.workers[ws[0]].region,
+                len(ws),
+                healthy,
+                cap,
+                min(cap, busy + mine),
+                rtt if healthy else None,
+                models,
+            )
+            cache[g] = (at, mine, rtt, summary)
+            out.append(summary)
+        return out
+
+    def _fresh(self, g: int) -> list[WorkerSnapshot]:
+        self.catch_up(g)
+        stale = self._stale[g]
+        if stale:
+            rows, region_rows, slot = self._rows, self._region_rows[g], self._slot
+            build, flag = self._build, self._stale_flag
+            for w in stale:
+                flag[w] = False
+                row = build(w)
+                rows[w] = row
+                region_rows[slot[w]] = row
+            self._stale[g] = []
+        return self._region_rows[g]
+
+    def rows(self, regions: Sequence[str]) -> list[WorkerSnapshot]:
+        out: list[WorkerSnapshot] = []
+        for r in regions:
+            g = self._region_of.get(r)
+            if g is not None:
+                out.extend(self._fresh(g))
+        return out
+
+    def all_rows(self) -> list[WorkerSnapshot]:
+        for g in range(len(self._region_workers)):
+            self._fresh(g)
+        return self._rows
 
     def _build(self, w: int) -> WorkerSnapshot:
         sw = self.workers[w]

@@ -52,6 +52,8 @@ from services.router.feed import FleetFeed, WatcherLimit
 from services.router.fleet import Fleet
 from services.router.journal import DecisionJournal, JournalEntry, PluginTimings
 from services.router.observability import RouterTelemetry, deciding_signal
+from services.router.scheduling.framework import SchedulerProfile
+from services.router.scheduling.regional import RegionIndex
 from services.router.scheduling.types import (
     Decision,
     ModelState,
@@ -190,6 +192,7 @@ class RouterService(router_pb2_grpc.RouterServicer):
         self._fleet = fleet
         self.telemetry = telemetry or RouterTelemetry()
         self._scheduler = scheduler
+        self._regions = RegionIndex()
         self._clock = clock
         self._site = site
         self.journal = journal if journal is not None else DecisionJournal()
@@ -226,9 +229,18 @@ class RouterService(router_pb2_grpc.RouterServicer):
         picker advances; affinity plugins learn only from queries with a session or prefix,
         which the debug endpoint does not send)."""
         started = time.perf_counter_ns()
-        snapshots = self._fleet.snapshots(self._clock.monotonic())
-        decision = self._scheduler.schedule(query, snapshots)
+        decision = self._decide(query, self._clock.monotonic())
         return decision, (time.perf_counter_ns() - started) / 1000
+
+    def _decide(self, query: RouteQuery, now: float) -> Decision:
+        """The scheduler's decision over the fleet now: through the profile's region
+        pre-selection when it has one (the fleet's rows grouped and summarised per region,
+        incrementally: ``scheduling/regional.py``), else over every worker."""
+        snapshots = self._fleet.snapshots(now)
+        scheduler = self._scheduler
+        if isinstance(scheduler, SchedulerProfile) and scheduler.regions is not None:
+            return scheduler.schedule_view(query, self._regions.update(snapshots))
+        return scheduler.schedule(query, snapshots)
 
     async def Route(
         self,
@@ -259,7 +271,7 @@ class RouterService(router_pb2_grpc.RouterServicer):
             span.set_attribute(mn.MODEL, query.model)
             span.set_attribute("meridian.priority", query.priority.name.lower())
         now = self._clock.monotonic()
-        decision = self._scheduler.schedule(query, self._fleet.snapshots(now))
+        decision = self._decide(query, now)
         self.timings.record(decision.plugin_timings_us)
         if not decision.ranked:
             elapsed_us = (time.perf_counter_ns() - started) / 1000

@@ -3,47 +3,32 @@
 the default profile) and the same arrivals in ``services.planet`` (exact engine). They agree
 within 15 % on TTFT p50 and p99 and within 5 points on the region split.
 
-The full-size comparison, every profile, is ``python -m bench.planet_fidelity``. When the real
-stack's event loop stalled (this machine starved the process; its TTFTs then measure the
-machine, which the simulator does not model), the comparison is skipped with the lag named:
-the measurement is void, not the simulator wrong.
+The real stack's own processing (edge-side work, gRPC, the proxies) is measured in the same
+run — a calibration pass of a few requests, one at a time, on the idle stack — and given to
+the simulator as ``router.service_ms``, so what is compared is what the model claims to
+predict: routing, network and engine queueing. Requests the machine held up (the one event
+loop every component shares here ran late while they waited) are left out of both sides;
+when more than a third were, the run measured the machine, and the test skips, naming the
+lag and the CPU wait. The full-size comparison, every profile: ``python -m bench.planet_fidelity``.
 """
 
 from __future__ import annotations
 
-import json
-from collections import Counter
 from pathlib import Path
 
 import pytest
-import uvloop
 
 from bench import planet_fidelity as pf
 from bench import routing_quality as rq
 
 pytestmark = pytest.mark.slow
 
-MAX_STALL_MS = 100.0
-MAX_LAG_P99_MS = 25.0
-
 
 def test_simulated_hotspot_agrees_with_the_real_stack(tmp_path: Path) -> None:
-    asks = rq.plan(20.0, 8.0, 7)
-    trace = tmp_path / "trace.jsonl"
-    trace.write_text("\n".join(json.dumps(r) for r in pf.trace(asks, with_text=True)) + "\n")
-    sim = pf.simulate(trace, 8.0, "default")
-    result: rq.Result = uvloop.run(rq.run_profile("default", asks, 7))
-    if result.loop_stall_ms > MAX_STALL_MS or result.loop_lag_ms > MAX_LAG_P99_MS:
-        pytest.skip(
-            f"the real stack's event loop ran late (p99 {result.loop_lag_ms:.0f} ms, "
-            f"worst {result.loop_stall_ms:.0f} ms): its TTFTs measure this machine"
-        )
-    live = (
-        result.ttfts_ms(),
-        Counter(o.region for o in result.outcomes if o.region),
-        len(result.outcomes),
-    )
-    c = pf.compare(sim, live)
-    assert abs(c["p50_error"]) <= 0.15, c
-    assert abs(c["p99_error"]) <= 0.15, c
-    assert c["split_points"] <= 5.0, c
+    ck = pf.check(rq.plan(20.0, 8.0, 7), 8.0, "default", 7, tmp_path)
+    if ck.void:
+        pytest.skip(ck.void)
+    c = ck.comparison
+    assert abs(c["p50_error"]) <= 0.15, (ck.service_ms, c)
+    assert abs(c["p99_error"]) <= 0.15, (ck.service_ms, c)
+    assert c["split_points"] <= 5.0, (ck.service_ms, c)

@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import math
 import random
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import compress
 from time import perf_counter_ns
@@ -47,6 +47,7 @@ from services.router.scheduling.plugin import (
     WorkerFilter,
     WorkerScorer,
 )
+from services.router.scheduling.regional import RegionalView, RegionStage, schedule_regions
 from services.router.scheduling.types import (
     Contribution,
     Decision,
@@ -122,6 +123,7 @@ class SchedulerProfile:
         rng: random.Random | None = None,
         unavailable_retry_after_s: float | None = 1.0,
         max_query_classes: int = 64,
+        regions: RegionStage | None = None,
     ) -> None:
         seen: set[str] = set()
         plugins: list[Plugin] = [*filters, *(s.scorer for s in scorers), picker]
@@ -132,6 +134,8 @@ class SchedulerProfile:
         if unavailable_retry_after_s is not None and not unavailable_retry_after_s >= 0:
             raise ValueError("unavailable_retry_after_s must be >= 0")
         self.name = name
+        #: region pre-selection (``regional.py``), or None: every decision sees the whole fleet
+        self.regions = regions
         self.filters = tuple(filters)
         self.scorers = tuple(scorers)
         self.picker = picker
@@ -168,13 +172,32 @@ class SchedulerProfile:
         self._hooks = tuple((p.TYPE, p) for p in plugins if isinstance(p, PostPick))
         self._plugin_types = (*(p.TYPE for p in plugins), _EXPLAIN)
 
-    def schedule(self, query: RouteQuery, workers: Sequence[WorkerSnapshot]) -> Decision:
+    @property
+    def rng(self) -> random.Random:
+        """The profile's random source (tie-breaks), shared with the region stage."""
+        return self._rng
+
+    def schedule_view(self, query: RouteQuery, view: RegionalView) -> Decision:
+        """Decide over a fleet that answers per region: through the profile's region
+        pre-selection when it has one (``regional.py``), else over every worker."""
+        if self.regions is None:
+            return self.schedule(query, view.all_rows())
+        return schedule_regions(self, self.regions, query, view)
+
+    def schedule(
+        self,
+        query: RouteQuery,
+        workers: Sequence[WorkerSnapshot],
+        *,
+        scope: Hashable = None,
+    ) -> Decision:
         """Rank the workers for this query: filter → score → pick → explain, as the module
         docstring's formula reads. Pure, apart from the memo and the state of post-pick
-        plugins (affinity)."""
+        plugins (affinity). ``scope`` names which part of the fleet ``workers`` is (the
+        region stage's chosen regions), so each part keeps its own incremental memo."""
         started = perf_counter_ns()
         ns: Timings = dict.fromkeys(self._plugin_types, 0)
-        memo = self._incremental.view(query, workers, ns)
+        memo = self._incremental.view(query, workers, ns, scope)
         kept = self._filter(query, memo, ns)
         if not kept.workers:
             return self._empty(query, workers, memo, kept.rejected, ns, started)

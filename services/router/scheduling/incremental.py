@@ -234,9 +234,19 @@ class Incremental:
     def scorer_keys(self, view: ClassMemo) -> tuple[Hashable, ...]:
         return view.keys[len(self._filters) :]
 
-    def view(self, query: RouteQuery, workers: Sequence[WorkerSnapshot], ns: Timings) -> ClassMemo:
+    def view(
+        self,
+        query: RouteQuery,
+        workers: Sequence[WorkerSnapshot],
+        ns: Timings,
+        scope: Hashable = None,
+    ) -> ClassMemo:
+        """The memo for this query's class over ``workers``; ``scope`` (which part of the
+        fleet they are, e.g. the region stage's regions) is part of the class."""
         keys = tuple(
-            [f.key(query) for f in self._filters] + [s.key(query) for s, _ in self._scorers]
+            [f.key(query) for f in self._filters]
+            + [s.key(query) for s, _ in self._scorers]
+            + ([] if scope is None else [scope])
         )
         views = self._views
         view = views.get(keys)

@@ -10,6 +10,7 @@
           - {type: latency, weight: 3, params: {tau_ms: 50}}
         picker: {type: max-score, params: {max_candidates: 3}}
         unavailable_retry_after_s: 1.0   # optional retry hint for UNAVAILABLE decisions
+        regions: {max_regions: 3}        # optional region pre-selection (regional.py)
 
 The whole document is validated before anything is built, and every problem is reported at
 once with its location (GIE's ``config/loader/validation.go``)::
@@ -46,6 +47,7 @@ from services.router.scheduling.plugin import (
     Scorer,
     WorkerFilter,
 )
+from services.router.scheduling.regional import RegionStage, read_stage
 from services.router.scheduling.registry import (
     PluginKind,
     PluginRegistry,
@@ -56,7 +58,7 @@ from services.router.scheduling.registry import (
 REQUIRED_FILTERS = ("model-ready", "residency", "capability")
 
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*$")
-_PROFILE_KEYS = ("filters", "scorers", "picker", "unavailable_retry_after_s")
+_PROFILE_KEYS = ("filters", "scorers", "picker", "unavailable_retry_after_s", "regions")
 _PLUGIN_KEYS: dict[PluginKind, tuple[str, ...]] = {
     "filter": ("type", "params"),
     "scorer": ("type", "weight", "params"),
@@ -216,6 +218,13 @@ class _Builder:
             or not (math.isfinite(retry) and retry >= 0)
         ):
             self.problem(f"{where}.unavailable_retry_after_s", "must be a number >= 0")
+        stage: RegionStage | None = None
+        if "regions" in body:
+            try:
+                stage = read_stage(body["regions"])
+            except ParamError as err:
+                path = f"{where}.regions" + (f".{err.path}" if err.path else "")
+                self.problem(path, err.message)
         if len(self.problems) > before or not isinstance(picker, Picker):
             return None
         return SchedulerProfile(
@@ -225,6 +234,7 @@ class _Builder:
             picker=picker,
             rng=self.rng,
             unavailable_retry_after_s=float(retry),
+            regions=stage,
         )
 
     def memoised_first(self, where: str, body: Mapping[str, Any], filters: list[Filter]) -> None:

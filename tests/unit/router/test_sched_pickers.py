@@ -117,3 +117,27 @@ def test_power_of_two_ranks_the_better_of_two_random_candidates_first() -> None:
     assert 1 not in firsts  # the worst can never win a pair
     assert len(firsts) > 1  # unlike max-score, it spreads over good-enough workers
     assert picker.pick(QUERY, scored([])) == ()
+
+
+def test_max_score_near_equal_spreads_the_primary_over_near_ties_only() -> None:
+    picker = MaxScorePicker(max_candidates=2, near_equal=0.02)
+    totals = [0.80, 0.79, 0.70, 0.81, 0.50]
+    firsts = Counter(picker.pick(QUERY, scored(totals, seed))[0] for seed in range(200))
+    assert set(firsts) == {0, 1, 3}  # within 0.02 of the best (0.81); never 0.70 or 0.50
+    assert min(firsts.values()) > 30  # uniform among them
+    for seed in range(20):
+        ranked = picker.pick(QUERY, scored(totals, seed))
+        assert len(ranked) == 2
+        assert len(set(ranked)) == 2
+
+
+def test_max_score_near_equal_keeps_a_clear_best() -> None:
+    picker = MaxScorePicker(max_candidates=3, near_equal=0.05)
+    assert all(picker.pick(QUERY, scored([0.2, 0.9, 0.5], s)) == (1, 2, 0) for s in range(20))
+
+
+def test_max_score_near_equal_is_range_checked() -> None:
+    from services.router.scheduling.params import ParamError
+
+    with pytest.raises(ParamError, match="near_equal"):
+        MaxScorePicker(near_equal=1.5)

@@ -5,13 +5,25 @@ primary fails before the first token. Equal totals are ordered at random (``rank
 shuffle, then stable sort) so identical workers share a burst instead of the first one in
 fleet order taking all of it.
 
+``near_equal`` (default 0: off) widens "equal" for the primary: it is drawn uniformly from
+every candidate whose total is within ``near_equal`` of the best. Against herding: many router
+replicas (one per edge site) see the same stale load reports and would all send their next
+requests to the one worker that looked best; totals that differ by less than a signal's noise
+(a report's age, one token-rate sample) are not a reason to prefer one worker. Keep it below a
+real difference — one batch slot of a small worker is worth ``queue weight / Σ weights / slots``
+(0.06 on the default profile's 4-slot case), a region further away much more — so it spreads
+among equivalent workers and never trades a near region for a far one. Fallbacks follow by
+score.
+
 Input: the weighted totals (and the framework's shortlist of the best, when it has one).
-Parameters: ``max_candidates`` (≥ 1, default 3).
+Parameters: ``max_candidates`` (≥ 1, default 3), ``near_equal`` (0..1, default 0).
 """
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass
+from itertools import compress, repeat
 from typing import ClassVar, Self
 
 from services.router.scheduling.params import Params, require
@@ -19,21 +31,38 @@ from services.router.scheduling.plugin import Picker, PluginContext, Scored
 from services.router.scheduling.ranking import top_k
 from services.router.scheduling.types import RouteQuery
 
+_LE = operator.le
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class MaxScorePicker(Picker):
     TYPE: ClassVar[str] = "max-score"
     max_candidates: int = 3
+    near_equal: float = 0.0
 
     def __post_init__(self) -> None:
         require(self.max_candidates >= 1, "max_candidates", "must be >= 1")
+        require(0.0 <= self.near_equal <= 1.0, "near_equal", "must be between 0 and 1")
 
     @classmethod
     def from_params(cls, params: Params, ctx: PluginContext) -> Self:
-        return cls(max_candidates=params.integer("max_candidates", 3))
+        return cls(
+            max_candidates=params.integer("max_candidates", 3),
+            near_equal=params.number("near_equal", 0.0),
+        )
 
     def pick(self, query: RouteQuery, scored: Scored) -> tuple[int, ...]:
         k = self.max_candidates
         hint = scored.shortlist()
         shortlist = hint[0] if hint is not None and k <= hint[1] else None
-        return tuple(top_k(scored.totals, k, scored.rng, shortlist))
+        totals = scored.totals
+        top = top_k(totals, k, scored.rng, shortlist)
+        if self.near_equal <= 0.0 or len(top) < 2:
+            return tuple(top)
+        floor = totals[top[0]] - self.near_equal
+        if totals[top[1]] < floor:
+            return tuple(top)  # the best stands alone: the common case, decided in O(k)
+        band = list(compress(range(len(totals)), map(_LE, repeat(floor), totals)))
+        primary = band[int(scored.rng.random() * len(band))]
+        rest = [i for i in top if i != primary]
+        return (primary, *rest[: k - 1])

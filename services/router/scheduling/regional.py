@@ -1,0 +1,261 @@
+"""Region pre-selection: choose a few regions from per-region aggregates, then run the
+profile's worker-level filters, scorers and picker over those regions' workers only.
+
+Why. A global fleet is ~100 regions of ~100 workers. The worker-level profile costs a few
+microseconds per worker whose snapshot changed since the last decision of the same query
+class, and at 10,000 workers with reports every few seconds that is thousands per second per
+replica — most of a replica's CPU (docs/planet.md). Global load balancers choose
+hierarchically: a region first, from a handful of numbers per region, then an endpoint
+inside it. Here the first stage is deliberately coarse and conservative: it only *narrows*
+the fleet to the ``max_regions`` best regions for this query, and the profile, unchanged,
+decides among their workers, with its own explanation. When no worker of the chosen regions
+survives the profile's filters, the decision is taken again over the whole fleet, so the
+stage never refuses a request the profile would have served.
+
+The region score, per region the query may use (residency, a ready worker serving the model):
+
+    score = (latency_weight · tau / (tau + rtt) + capacity_weight · free / capacity)
+            / (latency_weight + capacity_weight)
+
+with ``rtt`` the region's nearest healthy worker's measured RTT (unknown: ``unknown_score``),
+``capacity`` its healthy workers' batch slots and ``free`` the slots neither reported busy
+(running + waiting) nor assigned by this router since (in flight). Regions with free slots
+rank before full ones. Ties are broken at random.
+
+A view of the fleet that can answer per region (:class:`RegionalView`) is what makes this
+cheap: the router's fleet keeps its rows grouped and their aggregates current as reports
+arrive; the planet simulator's replicas build only the chosen regions' rows.
+
+Profile YAML (optional; absent: the profile sees the whole fleet, as before)::
+
+    regions: {max_regions: 3, tau_ms: 50, latency_weight: 1, capacity_weight: 1,
+              unknown_score: 0.25}
+"""
+
+from __future__ import annotations
+
+import heapq
+import random
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Protocol
+
+from services.router.scheduling.incremental import changed_positions
+from services.router.scheduling.params import ParamError, Params, check_positive, require
+from services.router.scheduling.types import (
+    Decision,
+    ModelState,
+    RouteQuery,
+    WorkerSnapshot,
+)
+
+if TYPE_CHECKING:
+    from services.router.scheduling.framework import SchedulerProfile
+
+
+@dataclass(frozen=True, slots=True)
+class RegionSummary:
+    """One region as this router sees it: enough to rank regions, nothing per worker."""
+
+    region: str
+    workers: int  # listed
+    healthy: int  # healthy and not draining
+    capacity: int  # Σ max_running over the healthy ones
+    busy: int  # Σ min(max_running, running + waiting + in_flight) over the healthy ones
+    rtt_ms: float | None  # the nearest healthy worker's measured RTT (None: none measured)
+    models: frozenset[str]  # models READY on at least one healthy worker
+
+    @property
+    def free(self) -> int:
+        return self.capacity - self.busy
+
+
+class RegionalView(Protocol):
+    """A fleet that answers per region. ``rows`` returns the chosen regions' workers in a
+    stable order, the same snapshot object for a worker until its state changes (the
+    profile's incremental evaluation depends on it)."""
+
+    def summaries(self) -> Sequence[RegionSummary]: ...
+
+    def rows(self, regions: Sequence[str]) -> list[WorkerSnapshot]: ...
+
+    def all_rows(self) -> list[WorkerSnapshot]: ...
+
+
+def summarise(region: str, workers: Sequence[WorkerSnapshot]) -> RegionSummary:
+    """The summary of one region's snapshots (what a view without its own aggregates uses)."""
+    healthy = capacity = busy = 0
+    rtt: float | None = None
+    models: set[str] = set()
+    for w in workers:
+        if not w.healthy or w.draining:
+            continue
+        healthy += 1
+        capacity += w.max_running
+        busy += min(w.max_running, w.running + w.waiting + w.in_flight)
+        if w.rtt_ms is not None and (rtt is None or w.rtt_ms < rtt):
+            rtt = w.rtt_ms
+        for m in w.models:
+            if m.state is ModelState.READY:
+                models.add(m.name)
+    return RegionSummary(region, len(workers), healthy, capacity, busy, rtt, frozenset(models))
+
+
+class RegionIndex:
+    """A :class:`RegionalView` over the router's snapshot list, kept up to date
+    incrementally: ``update(snapshots)`` finds the rows that changed since the last call
+    (by identity, as the incremental evaluator does) and re-summarises only their regions.
+    The router's service holds one beside its fleet; tests use it over inline lists."""
+
+    __slots__ = ("_all", "_groups", "_summaries", "_where")
+
+    def __init__(self) -> None:
+        self._all: list[WorkerSnapshot] = []
+        self._groups: dict[str, list[WorkerSnapshot]] = {}
+        self._where: list[tuple[str, int]] = []  # input position → (region, index in group)
+        self._summaries: dict[str, RegionSummary] = {}
+
+    def update(self, workers: Sequence[WorkerSnapshot]) -> RegionIndex:
+        new = list(workers)
+        old = self._all
+        touched: set[str] = set()
+        regroup = len(new) != len(old)
+        if not regroup:
+            where, groups = self._where, self._groups
+            for p in changed_positions(new, old):
+                region, j = where[p]
+                if new[p].region != region:
+                    regroup = True
+                    break
+                groups[region][j] = new[p]
+                touched.add(region)
+        self._all = new
+        if regroup:
+            self._groups = {}
+            self._where = []
+            for w in new:
+                group = self._groups.setdefault(w.region, [])
+                self._where.append((w.region, len(group)))
+                group.append(w)
+            self._summaries = {r: summarise(r, ws) for r, ws in self._groups.items()}
+        else:
+            for region in touched:
+                self._summaries[region] = summarise(region, self._groups[region])
+        return self
+
+    def summaries(self) -> list[RegionSummary]:
+        return list(self._summaries.values())
+
+    def rows(self, regions: Sequence[str]) -> list[WorkerSnapshot]:
+        out: list[WorkerSnapshot] = []
+        for r in regions:
+            out.extend(self._groups.get(r, ()))
+        return out
+
+    def all_rows(self) -> list[WorkerSnapshot]:
+        return self._all
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegionStage:
+    """Ranks regions for a query and keeps the best ``max_regions``."""
+
+    max_regions: int = 3
+    tau_ms: float = 50.0
+    latency_weight: float = 1.0
+    capacity_weight: float = 1.0
+    unknown_score: float = 0.25
+    # id(summary) → (summary, has free slots, score): summaries are immutable
+    _keys: dict[int, tuple[RegionSummary, bool, float]] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+
+    def __post_init__(self) -> None:
+        require(self.max_regions >= 1, "max_regions", "must be >= 1")
+        check_positive(self.tau_ms, "tau_ms")
+        require(self.latency_weight >= 0, "latency_weight", "must be >= 0")
+        require(self.capacity_weight >= 0, "capacity_weight", "must be >= 0")
+        require(
+            self.latency_weight + self.capacity_weight > 0,
+            "capacity_weight",
+            "latency_weight + capacity_weight must be > 0",
+        )
+        require(0.0 <= self.unknown_score <= 1.0, "unknown_score", "must be between 0 and 1")
+
+    @classmethod
+    def from_params(cls, params: Params) -> RegionStage:
+        stage = cls(
+            max_regions=params.integer("max_regions", 3),
+            tau_ms=params.number("tau_ms", 50.0),
+            latency_weight=params.number("latency_weight", 1.0),
+            capacity_weight=params.number("capacity_weight", 1.0),
+            unknown_score=params.number("unknown_score", 0.25),
+        )
+        params.finish()
+        return stage
+
+    def eligible(self, query: RouteQuery, summaries: Sequence[RegionSummary]) -> list[int]:
+        allowed = query.allowed_regions
+        model = query.model
+        return [
+            i
+            for i, s in enumerate(summaries)
+            if s.healthy and model in s.models and (not allowed or s.region in allowed)
+        ]
+
+    def score(self, s: RegionSummary) -> float:
+        tau = self.tau_ms
+        lat = self.unknown_score if s.rtt_ms is None else tau / (tau + max(0.0, s.rtt_ms))
+        cap = max(0, s.free) / s.capacity if s.capacity > 0 else 0.0
+        lw, cw = self.latency_weight, self.capacity_weight
+        return (lw * lat + cw * cap) / (lw + cw)
+
+    def select(
+        self, query: RouteQuery, summaries: Sequence[RegionSummary], rng: random.Random
+    ) -> tuple[tuple[str, ...], int]:
+        """The chosen regions, best first, and how many regions were eligible.
+
+        A summary's rank key is computed once per summary object (a view hands in the same
+        object until its region changes), and ties are broken by a random rotation of the
+        list, so a decision over ~100 regions costs ~100 dictionary look-ups."""
+        idx = self.eligible(query, summaries)
+        n = len(idx)
+        if n <= self.max_regions:
+            return tuple(summaries[i].region for i in idx), n
+        keys = self._keys
+        if len(keys) > 8192:
+            keys.clear()
+        off = rng.randrange(n)
+        ranked: list[tuple[bool, float, int, int]] = []
+        for j, i in enumerate(idx):
+            s = summaries[i]
+            cached = keys.get(id(s))
+            if cached is None or cached[0] is not s:
+                cached = (s, s.free > 0, self.score(s))
+                keys[id(s)] = cached
+            ranked.append((cached[1], cached[2], (j - off) % n, i))
+        best = heapq.nlargest(self.max_regions, ranked)
+        return tuple(summaries[t[3]].region for t in best), n
+
+
+def read_stage(raw: object) -> RegionStage:
+    """The ``regions`` section of a profile (``ParamError`` names the bad key)."""
+    if not isinstance(raw, Mapping):
+        raise ParamError("", "must be a mapping (e.g. {max_regions: 3})")
+    return RegionStage.from_params(Params(raw))
+
+
+def schedule_regions(
+    profile: SchedulerProfile, stage: RegionStage, query: RouteQuery, view: RegionalView
+) -> Decision:
+    """Pre-select regions, then decide with the profile over their workers (the decision
+    over the whole fleet when none of theirs survives the filters)."""
+    chosen, eligible = stage.select(query, view.summaries(), profile.rng)
+    if not chosen or len(chosen) >= eligible:
+        return profile.schedule(query, view.all_rows())
+    scope: Hashable = chosen
+    decision = profile.schedule(query, view.rows(chosen), scope=scope)
+    if decision.ranked:
+        note = f" [regions: {', '.join(chosen)} of {eligible}]"
+        return replace(decision, explanation=decision.explanation + note)
+    return profile.schedule(query, view.all_rows())

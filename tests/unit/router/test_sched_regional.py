@@ -1,0 +1,153 @@
+"""Region pre-selection (``scheduling/regional.py``): the profile decides over the chosen
+regions' workers only, never refuses what the whole fleet would serve, respects residency, and
+the router's service uses it; the region index stays current incrementally."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from meridian.v1 import worker_pb2
+from services.common.clock import SYSTEM_CLOCK
+from services.router.fleet import Fleet
+from services.router.scheduling.framework import SchedulerProfile
+from services.router.scheduling.profile import ProfileError, load_profile
+from services.router.scheduling.regional import RegionIndex, RegionStage
+from services.router.scheduling.types import (
+    ModelState,
+    ModelStatus,
+    Priority,
+    RouteQuery,
+    WorkerSnapshot,
+)
+from services.router.service import RouterService
+
+DEFAULT = Path(__file__).resolve().parents[3] / "deploy/router/profiles/default.yaml"
+READY = (ModelStatus("m", ModelState.READY),)
+# region → (rtt ms, running of 4 on each of its 3 workers)
+REGIONS = {"kr": (4.0, 4), "jp": (36.0, 1), "us": (140.0, 0), "eu": (250.0, 0)}
+
+
+def profile(**regions: Any) -> SchedulerProfile:
+    doc = yaml.safe_load(DEFAULT.read_text())
+    if regions:
+        doc["profiles"]["default"]["regions"] = regions
+    return load_profile(doc, rng=random.Random(3))
+
+
+def fleet_rows(regions: dict[str, tuple[float, int]] = REGIONS) -> list[WorkerSnapshot]:
+    return [
+        WorkerSnapshot(
+            f"{r}-{i}", r, f"{r}{i}:1", models=READY, rtt_ms=rtt, max_running=4, running=run
+        )
+        for r, (rtt, run) in regions.items()
+        for i in range(3)
+    ]
+
+
+def test_the_profile_decides_among_the_chosen_regions_and_says_which() -> None:
+    rows = fleet_rows()
+    whole = profile().schedule(RouteQuery("q", "m"), rows)
+    staged = profile(max_regions=2).schedule_view(RouteQuery("q", "m"), RegionIndex().update(rows))
+    assert staged.ranked[0].worker.region == whole.ranked[0].worker.region == "jp"
+    assert "[regions: jp, us of 4]" in staged.explanation
+    # the full kr region (0 free slots) is not among the chosen, though it is nearest
+    assert all(s.worker.region in ("jp", "us") for s in staged.ranked)
+
+
+def test_when_no_chosen_worker_survives_the_filters_the_whole_fleet_decides() -> None:
+    rows = fleet_rows()
+    # every jp and us worker excluded (tried already): only kr (full) and eu are left
+    tried = frozenset(w.worker_id for w in rows if w.region in ("jp", "us"))
+    q = RouteQuery("q", "m", exclude_worker_ids=tried)
+    d = profile(max_regions=2).schedule_view(q, RegionIndex().update(rows))
+    assert d.ranked
+    assert d.ranked[0].worker.region == "eu"
+    assert "[regions:" not in d.explanation
+
+
+def test_regions_outside_the_allowed_ones_are_never_chosen() -> None:
+    q = RouteQuery("q", "m", allowed_regions=frozenset({"us", "eu"}))
+    d = profile(max_regions=1).schedule_view(q, RegionIndex().update(fleet_rows()))
+    assert {s.worker.region for s in d.ranked} <= {"us", "eu"}
+
+
+def test_a_refusal_is_classified_over_the_whole_fleet() -> None:
+    q = RouteQuery("q", "unknown-model")
+    d = profile(max_regions=1).schedule_view(q, RegionIndex().update(fleet_rows()))
+    assert not d.ranked
+    assert d.empty_reason is not None
+    assert d.empty_reason.value == "unknown_model"
+
+
+def test_region_index_re_summarises_only_what_changed() -> None:
+    rows = fleet_rows()
+    index = RegionIndex().update(rows)
+    before = {s.region: s for s in index.summaries()}
+    assert before["jp"].capacity == 12
+    assert before["jp"].busy == 3
+    assert before["jp"].free == 9
+    assert before["jp"].rtt_ms == 36.0
+    assert before["jp"].models == frozenset({"m"})
+    changed = list(rows)
+    changed[3] = WorkerSnapshot(
+        "jp-0", "jp", "jp0:1", models=READY, rtt_ms=36.0, max_running=4, running=1, in_flight=2
+    )
+    after = {s.region: s for s in index.update(changed).summaries()}
+    assert after["jp"].busy == 5
+    assert after["kr"] is before["kr"]
+    assert after["us"] is before["us"]
+    assert index.rows(["jp"])[0] is changed[3]
+
+
+def test_unhealthy_and_draining_workers_count_for_nothing() -> None:
+    rows = [
+        WorkerSnapshot("a", "kr", "a:1", models=READY, healthy=False, max_running=4),
+        WorkerSnapshot("b", "kr", "b:1", models=READY, draining=True, max_running=4),
+    ]
+    (s,) = RegionIndex().update(rows).summaries()
+    assert (s.workers, s.healthy, s.capacity, s.rtt_ms, s.models) == (2, 0, 0, None, frozenset())
+
+
+def test_region_scores_weigh_latency_against_free_capacity() -> None:
+    stage = RegionStage(max_regions=1)
+    index = RegionIndex().update(fleet_rows({"near": (10.0, 3), "far": (100.0, 0)}))
+    chosen, eligible = stage.select(RouteQuery("q", "m"), index.summaries(), random.Random(1))
+    # near: (50/60 + 3/12) / 2 = 0.54; far: (50/150 + 1) / 2 = 0.67
+    assert (chosen, eligible) == (("far",), 2)
+
+
+@pytest.mark.parametrize(
+    ("regions", "where"),
+    [
+        ({"max_regions": 0}, "profiles[default].regions.max_regions: must be >= 1"),
+        ({"tau_ms": -1}, "profiles[default].regions.tau_ms: must be > 0"),
+        ({"max_region": 2}, "profiles[default].regions.max_region: unknown parameter"),
+        ({"max_regions": "three"}, "profiles[default].regions.max_regions:"),
+    ],
+)
+def test_a_bad_regions_section_names_the_key(regions: dict[str, Any], where: str) -> None:
+    with pytest.raises(ProfileError) as err:
+        profile(**regions)
+    assert where in str(err.value)
+
+
+def test_the_router_service_decides_through_the_region_stage() -> None:
+    fleet = Fleet()
+    for r, (rtt, run) in REGIONS.items():
+        for i in range(3):
+            addr = f"{r}{i}:7000"
+            fleet.add(addr)
+            fleet.on_describe(addr, worker_pb2.WorkerInfo(worker_id=f"{r}-{i}", region=r))
+            rep = worker_pb2.LoadReport(worker_id=f"{r}-{i}", region=r, running=run, max_running=4)
+            rep.models.add(name="m", state=worker_pb2.MODEL_STATE_READY, max_model_len=4096)
+            fleet.on_report(addr, rep, now=SYSTEM_CLOCK.monotonic())
+            fleet.on_probe(addr, rtt)
+    service = RouterService(fleet=fleet, scheduler=profile(max_regions=2), clock=SYSTEM_CLOCK)
+    decision, _ = service.dry_run(RouteQuery("q", "m", priority=Priority.HIGH))
+    assert decision.ranked[0].worker.region == "jp"
+    assert "[regions: jp, us of 4]" in decision.explanation
