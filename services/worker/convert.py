@@ -218,6 +218,7 @@ def request_from_pb(pb: worker_pb2.GenerateRequest, *, traceparent: str = "") ->
         ),
         response_format=response_format_from_pb(pb.response_format),
         resume=resume_from_pb(pb, sampling) if pb.HasField("resume") else None,
+        traceparent=traceparent,
     )
 
 
@@ -367,7 +368,6 @@ def embed_request_from_pb(pb: worker_pb2.EmbedRequest) -> EmbedRequest:
         inputs=inputs,
         dimensions=pb.dimensions,
         priority=pb.priority,
-        traceparent=traceparent,
     )
 
 
