@@ -29,7 +29,6 @@ from services.worker.engine import (
     EngineOutput,
     EngineRequest,
     FinishReason,
-    ModelDescription,
     ModelState,
     SamplingOptions,
 )
@@ -81,9 +80,18 @@ def tokenizer(tiny_model_dir: Path) -> Any:
 
 
 async def test_models_report_ready_after_start(engine: VllmEngine) -> None:
-    assert engine.models() == [
-        ModelDescription(name=SERVED_NAME, state=ModelState.READY, max_model_len=256, engine="vllm")
-    ]
+    [model] = engine.models()
+    assert (model.name, model.state, model.max_model_len, model.engine) == (
+        SERVED_NAME,
+        ModelState.READY,
+        256,
+        "vllm",
+    )
+    caps = model.capabilities
+    assert caps.chat
+    assert not caps.tools  # no --tool-call-parser
+    assert caps.structured_outputs
+    assert caps.max_n == 16
     assert engine.failure is None
 
 
