@@ -105,7 +105,28 @@ FIELDS: dict[str, st.SearchStrategy[Any]] = {
     "max_completion_tokens": st.integers(1, 30),
     "temperature": st.floats(0, 2),
     "top_p": st.floats(0, 1),
-    "n": st.just(1),
+    "n": st.integers(1, 3),
+    "tools": st.just(
+        [
+            {
+                "type": "function",
+                "function": {"name": "get_weather", "parameters": {"type": "object"}},
+            }
+        ]
+    ),
+    "tool_choice": st.sampled_from(
+        ["auto", "none", "required", {"type": "function", "function": {"name": "get_weather"}}]
+    ),
+    "response_format": st.sampled_from(
+        [
+            {"type": "text"},
+            {"type": "json_object"},
+            {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "object"}}},
+        ]
+    ),
+    "top_k": st.integers(-1, 50),
+    "min_p": st.floats(0, 1),
+    "logit_bias": st.dictionaries(st.integers(0, 1000).map(str), st.floats(-100, 100), max_size=3),
     "stop": st.text(min_size=1, max_size=5) | st.lists(st.text(min_size=1, max_size=5), max_size=4),
     "seed": st.integers(-(2**63), 2**63 - 1),
     "presence_penalty": st.floats(-2, 2),
@@ -207,7 +228,25 @@ def test_header_injection_never_reaches_the_response(
             400,
             "max_tokens",
         ),
-        (b'{"model": "m", "messages": [{"role": "user"}], "n": 3}', 400, "'n'"),
+        (b'{"model": "m", "messages": [{"role": "user"}], "n": 17}', 400, "'n'"),
+        (
+            b'{"model": "m", "messages": [{"role": "user"}], "tools": [{"type": "function",'
+            b' "function": {"name": "f", "parameters": {"type": "objekt"}}}]}',
+            400,
+            "tools[0].function.parameters",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user"}, {"role": "tool", "content": "x",'
+            b' "tool_call_id": "nope"}]}',
+            400,
+            "messages[1].tool_call_id",
+        ),
+        (
+            b'{"model": "m", "messages": [{"role": "user"}], "response_format": {"type":'
+            b' "json_schema", "json_schema": {"name": "x", "schema": {"minLength": -1}}}}',
+            400,
+            "response_format.json_schema.schema",
+        ),
         (
             b'{"model": "m", "messages": [{"role": "user"}], "stream": true,'
             b' "stream_options": {"include_usage": true, "x": 1}}',

@@ -29,7 +29,6 @@ from services.worker.engine import (
     EngineOutput,
     EngineRequest,
     FinishReason,
-    ModelDescription,
     ModelState,
     SamplingOptions,
 )
@@ -82,16 +81,18 @@ def tokenizer(tiny_model_dir: Path) -> Any:
 
 async def test_models_report_ready_after_start(engine: VllmEngine) -> None:
     (model,) = engine.models()
-    assert model == ModelDescription(
-        name=SERVED_NAME,
-        state=ModelState.READY,
-        max_model_len=256,
-        engine="vllm",
-        capabilities=model.capabilities,
+    assert (model.name, model.state, model.max_model_len, model.engine) == (
+        SERVED_NAME,
+        ModelState.READY,
+        256,
+        "vllm",
     )
     caps = model.capabilities
     assert (caps.chat, caps.completions, caps.echo, caps.embeddings) == (True, True, True, False)
     assert caps.max_context_len == 256
+    assert not caps.tools  # no --tool-call-parser
+    assert caps.structured_outputs
+    assert caps.max_n == 16
     assert engine.failure is None
 
 

@@ -78,17 +78,8 @@ CORPUS = (
     "Hello! How are you today? I am fine, thank you, and you? Let us count: one two three.",
     "Numbers 0123456789, punctuation .,;:!?'\"()[]{}<>/\\|@#$%^&*-_=+~ and newlines\n\n.",
     "<|system|>\nYou are helpful.</s>\n<|user|>\nWrite a poem.</s>\n<|assistant|>\nSure.",
-    '<tools>{"type": "function", "function": {"name": "get_weather", "description": "Weather",'
-    ' "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": '
-    '{"type": "integer"} }, "required": ["city"], "additionalProperties": false} } }</tools>',
-    '<tool_call>{"name": "get_weather", "arguments": {"city": "Seoul", "days": 3} }</tool_call>',
-    '{"name": "Ada", "age": 36, "tags": ["math", "engines"], "items": [], "enum": null}',
 )
-"""Text the BPE merges are learned from. Any UTF-8 text still encodes (byte fallback).
-
-The JSON lines never put two closing braces together: with a ``}}`` token one token can close
-a call's arguments *and* the call, and vLLM 0.32's streaming ``hermes`` parser then leaves the
-second brace in the streamed arguments (its non-streaming parse is right)."""
+"""Text the BPE merges are learned from. Any UTF-8 text still encodes (byte fallback)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
