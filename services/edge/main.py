@@ -159,13 +159,13 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument(
         "--migration-max-gap-s",
         type=_positive,
-        default=15.0,
+        default=20.0,
         help="longest time a client waits without a token before the stream fails",
     )
     m.add_argument(
         "--migration-stall-s",
         type=_positive,
-        default=3.0,
+        default=5.0,
         help="no token for this long after the first one = a broken worker",
     )
     w = p.add_argument_group("web pages (chat at /, fleet map at /console)")

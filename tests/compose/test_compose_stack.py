@@ -85,9 +85,10 @@ def test_new_requests_succeed_after_a_worker_container_is_killed(compose_stack: 
 def test_chaos_scenario_under_load(compose_stack: Running, name: str) -> None:
     """Each fault under streaming load: new requests keep being served, the faulted workers
     leave the router's rotation and come back when healed. A stream already running on a
-    worker that is killed or cut off ends with an error event (until mid-stream migration
-    lands), so worker faults may fail at most the streams in flight (one per client); a
-    Redis restart fails nothing (fail-open)."""
+    worker that is killed or cut off now migrates (docs/migration.md; bench.chaos and
+    tests/e2e/test_chaos.py assert 0 failed on the process stack); this test keeps its older,
+    looser bound — worker faults fail at most the streams in flight (one per client) — as it
+    has not been re-measured on a Docker engine since. A Redis restart fails nothing."""
     figures = asyncio.run(
         run_scenario(
             compose_stack.stack,

@@ -10,6 +10,8 @@ import pytest
 
 from bench.chaos import SCENARIOS, run_scenario
 
+pytestmark = pytest.mark.slow
+
 #: Faults that break the streams' worker: those streams must have moved.
 MIGRATING = {"worker-kill9", "worker-sigstop", "worker-drain", "link-cut"}
 

@@ -246,3 +246,43 @@ async def test_a_killed_vllm_worker_process_hands_its_stream_to_the_other_one(si
     # gives the same ids for a prefill of prompt + delivered as for decoding them one by one
     # on this model — the engine-level test above checks the ids themselves).
     assert got.text == reference.text
+
+
+@pytest.mark.vllm
+@pytest.mark.slow
+@pytest.mark.asyncio(loop_scope="module")
+async def test_a_stream_that_cannot_move_ends_with_an_error_event_and_done(
+    site: Site, redis_process: RedisProcess
+) -> None:
+    """Runs after the kill above: one worker is left. An edge with migration off stands in
+    for a stream that cannot be carried (structured outputs and tools are refused at
+    validation until issue 12 lands; they take the same path through migration_refusal):
+    its worker is killed mid-stream, and the client gets an error event and [DONE], not a
+    hang."""
+    edge = await start_edge(
+        redis_url=redis_process.url,
+        router_address=site.router.address,
+        config=edge_config(
+            failover=FailoverPolicy(first_token_timeout_s=60.0),
+            migration=MigrationPolicy(enabled=False),
+        ),
+    )
+    try:
+        key = await edge.new_key("acme-off")
+        killed: list[str] = []
+
+        async def kill(res: StreamResult) -> None:
+            if not killed and res.content_chunks >= 10:
+                name = res.headers["x-meridian-worker"]
+                killed.append(name)
+                os.kill(site.workers[name].proc.pid, signal.SIGKILL)
+
+        async with aiohttp.ClientSession() as session:
+            got = await chat_stream(session, f"{edge.url}/v1", key, greedy_body(), on_content=kill)
+    finally:
+        await edge.stop()
+    assert killed
+    assert got.error is not None
+    assert "migration is off" in got.error["message"]
+    assert got.done
+    assert got.finish_reason is None

@@ -124,8 +124,6 @@ class MigratingStream:
                     if chunk.finish_reason == worker_pb2.FINISH_REASON_ABORT:
                         raise _HandedBack
                     self.delivered.add(chunk)
-                    if chunk.token_ids or chunk.text:
-                        self._last_token_at = time.monotonic()
                     yield chunk
                 return
             except _HandedBack:
@@ -138,6 +136,7 @@ class MigratingStream:
                     raise
                 trigger, error = trigger_of(err), err
             upstream.cancel()
+            self._last_token_at = upstream.last_token_at
             self.current = await self._migrate(trigger, error, upstream)
 
     def cancel(self) -> None:

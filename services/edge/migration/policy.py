@@ -17,8 +17,8 @@ class MigrationPolicy:
     enabled: bool = True
     max_migrations: int = 3
     max_resumable_tokens: int = 32768
-    max_gap_s: float = 15.0
-    stall_s: float = 3.0
+    max_gap_s: float = 20.0
+    stall_s: float = 5.0
 
     def __post_init__(self) -> None:
         if self.max_migrations < 1:
