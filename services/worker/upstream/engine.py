@@ -329,6 +329,11 @@ class UpstreamEngine:
             for name in names
         ]
 
+    @property
+    def upstream_load(self) -> UpstreamLoad | None:
+        """The vLLM upstream's own gauges, last read (None: not read yet, or not vLLM)."""
+        return self._upstream_load
+
     def in_flight(self) -> frozenset[str]:
         """Ids of the requests open now; one leaves once its upstream stream is closed."""
         return frozenset(self._streams)
