@@ -574,6 +574,7 @@ async def compare(args: argparse.Namespace) -> list[Row]:
 
 def plot(rows: list[Row], path: Path, title: str) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -606,7 +607,10 @@ def plot(rows: list[Row], path: Path, title: str) -> None:
         ylabel="µs per token",
         title="proxy CPU per token (all its processes)",
     )
+    levels = sorted({r.concurrency for r in rows})
     for ax in axes:
+        ax.set_xticks(levels, [str(c) for c in levels])
+        ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
         ax.grid(True, which="both", alpha=0.3)
         ax.legend()
     fig.suptitle(title, fontsize=9)
