@@ -44,8 +44,8 @@ from pathlib import Path
 import aiohttp
 import redis.asyncio as aioredis
 
+from bench._cpu import cpu_seconds
 from bench._edge import ONE_CLIENT_EDGE_ARGS
-from bench.vllm_vs_serve import cpu_seconds
 from services.common.clock import SYSTEM_CLOCK
 from services.common.net import free_port
 from services.edge.tenancy.apikeys import KeyHasher, load_pepper, new_pepper
