@@ -404,6 +404,10 @@ class UpstreamEngine:
                 self._waiting -= 1
             self._running += 1
             try:
+                if stream.aborted:  # aborted (or shut down) while it waited for a slot
+                    outcome = "aborted"
+                    yield self._aborted(assembler)
+                    return
                 resp = await self._open(session, url, request, upstream_model, span)
                 stream.response = resp
                 if stream.aborted:
