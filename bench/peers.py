@@ -674,7 +674,8 @@ async def main(args: argparse.Namespace) -> None:
     }
     (args.out / "peers.json").write_text(json.dumps(result, indent=1))
     if rows:
-        plot(rows, args.out / "peers.png", title)
+        end = f", {end_load[0]:.1f}/{end_load[1]:.1f}/{end_load[2]:.1f} at end"
+        plot(rows, args.out / "peers.png", title + end)
     print(f"wrote {args.out / 'peers.json'} and {args.out / 'peers.png'}")
 
 
