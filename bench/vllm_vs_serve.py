@@ -59,6 +59,7 @@ from pathlib import Path
 import aiohttp
 import redis.asyncio as aioredis
 
+from bench._cpu import cpu_seconds
 from services.common.clock import SYSTEM_CLOCK
 from services.common.net import free_port
 from services.edge.tenancy.apikeys import KeyHasher, load_pepper, new_pepper
@@ -379,30 +380,6 @@ def print_table(results: dict[str, Summary]) -> None:
 
 
 # -- main --------------------------------------------------------------------------------------
-
-
-def cpu_seconds(roots: Sequence[int]) -> float:
-    """CPU time used so far by ``roots`` and every process below them (from /proc)."""
-    parents: dict[int, int] = {}
-    used: dict[int, float] = {}
-    tick = os.sysconf("SC_CLK_TCK")
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-        except OSError:
-            continue
-        fields = stat[stat.rindex(")") + 2 :].split()
-        parents[int(entry.name)] = int(fields[1])
-        used[int(entry.name)] = (int(fields[11]) + int(fields[12])) / tick
-    tree = set(roots)
-    grew = True
-    while grew:
-        children = {pid for pid, parent in parents.items() if parent in tree} - tree
-        grew = bool(children)
-        tree |= children
-    return sum(used.get(pid, 0.0) for pid in tree)
 
 
 async def interleaved(

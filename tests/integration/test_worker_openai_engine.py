@@ -414,3 +414,18 @@ def test_the_worker_command_line_rejects_bad_upstream_flags(tmp_path: Path) -> N
     assert engine.config.base_url == "http://x:8000/v1"
     assert engine.config.api_key == "sk-abc"
     assert "sk-abc" not in repr(engine.config)
+
+
+async def test_a_request_waiting_for_a_slot_ends_with_abort_at_shutdown() -> None:
+    async with FakeUpstream(tokens=1000, interval_s=0.01) as up:
+        engine = UpstreamEngine(UpstreamConfig(base_url=up.base_url, max_concurrency=1))
+        await engine.start()
+        running = asyncio.ensure_future(collect(engine, request("first")))
+        await asyncio.wait_for(up.streaming.wait(), 5.0)
+        waiting = asyncio.ensure_future(collect(engine, request("second")))
+        await eventually(lambda: engine.load().waiting == 1)
+        await engine.shutdown()
+        first, second = await asyncio.gather(running, waiting)
+    assert first[-1].finish_reason is FinishReason.ABORT
+    assert [o.finish_reason for o in second] == [FinishReason.ABORT]
+    assert len(up.received) == 1  # the second never reached the upstream

@@ -88,6 +88,10 @@ class _Stream:
     response: aiohttp.ClientResponse | None = None
     aborted: bool = False
 
+    def was_aborted(self) -> bool:
+        """Read fresh at each await point (``abort()`` may run in between)."""
+        return self.aborted
+
 
 class _TokenRate:
     """Tokens relayed in the last ``window_s`` seconds, per second."""
@@ -164,18 +168,19 @@ class UpstreamEngine:
         try:
             listed = await self._wait_for_models(self._session)
             self._served, self._max_len = self._choose_models(listed)
+            if self._closing:
+                raise UpstreamStartError("stopped while connecting to the upstream")
             if self.config.scrape_metrics:
                 self._scraper = asyncio.create_task(self._scrape_loop(self._session))
         except UpstreamStartError as err:
             self._fail(str(err))
             await self._close_session()
             raise
-        except BaseException:
-            self._fail("start was cancelled")
+        except BaseException as err:
+            cancelled = isinstance(err, asyncio.CancelledError)
+            self._fail("start was cancelled" if cancelled else f"start failed: {err!r}")
             await self._close_session()
             raise
-        if self._closing:
-            return
         self._state = ModelState.READY
         event(
             log,
@@ -218,12 +223,12 @@ class UpstreamEngine:
         deadline = self._clock.monotonic() + self.config.start_wait_s
         delay = _RETRY_START_S
         while True:
+            if self._closing or session.closed:
+                raise UpstreamStartError("stopped while waiting for the upstream")
             try:
                 return await self._get_models(session, url)
             except _NotYet as err:
                 last = str(err)
-            if self._closing:
-                raise UpstreamStartError("stopped while waiting for the upstream")
             if self._clock.monotonic() + delay > deadline:
                 raise UpstreamStartError(
                     f"--upstream-url {self.config.base_url}: the upstream does not answer "
@@ -329,6 +334,11 @@ class UpstreamEngine:
             for name in names
         ]
 
+    @property
+    def upstream_load(self) -> UpstreamLoad | None:
+        """The vLLM upstream's own gauges, last read (None: not read yet, or not vLLM)."""
+        return self._upstream_load
+
     def in_flight(self) -> frozenset[str]:
         """Ids of the requests open now; one leaves once its upstream stream is closed."""
         return frozenset(self._streams)
@@ -399,9 +409,13 @@ class UpstreamEngine:
                 self._waiting -= 1
             self._running += 1
             try:
+                if stream.was_aborted():  # aborted (or shut down) while it waited for a slot
+                    outcome = "aborted"
+                    yield self._aborted(assembler)
+                    return
                 resp = await self._open(session, url, request, upstream_model, span)
                 stream.response = resp
-                if stream.aborted:
+                if stream.was_aborted():  # while the request was being sent
                     resp.close()
                     outcome = "aborted"
                     yield self._aborted(assembler)
