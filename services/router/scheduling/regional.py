@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
@@ -253,8 +253,9 @@ def schedule_regions(
     chosen, eligible = stage.select(query, view.summaries(), profile.rng)
     if not chosen or len(chosen) >= eligible:
         return profile.schedule(query, view.all_rows())
-    scope: Hashable = chosen
-    decision = profile.schedule(query, view.rows(chosen), scope=scope)
+    # The same regions in any order are the same part of the fleet: one memo for them.
+    scope: tuple[str, ...] = tuple(sorted(chosen))
+    decision = profile.schedule(query, view.rows(scope), scope=scope)
     if decision.ranked:
         note = f" [regions: {', '.join(chosen)} of {eligible}]"
         return replace(decision, explanation=decision.explanation + note)
