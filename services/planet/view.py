@@ -287,6 +287,7 @@ class SiteView:
             mine, rtt = own[g], self.rtt_ms[g]
             if (
                 hit is not None
+                and rel >= 0  # (below 0: the log was trimmed past it, read it again)
                 and (rel >= len(log.times) or log.times[rel] > now - owd[g])
                 and hit[1] == mine
                 and hit[2] == rtt
