@@ -275,18 +275,27 @@ class SiteView:
         out: list[RegionSummary] = []
         now, owd, logs, own = self._now, self.owd_s, self._logs, self._own
         cache = self._summaries
+        acur = self._acur
         for g, ws in enumerate(self._region_workers):
             if not ws:
                 continue
             if own[g]:
                 self.catch_up(g)  # its admissions end this replica's requests in flight
-            (healthy, cap, busy, models), at = logs[g].at(now - owd[g], self._acur[g])
-            self._acur[g] = at
-            mine, rtt = own[g], self.rtt_ms[g]
+            log = logs[g]
+            rel = acur[g] - log.base
             hit = cache[g]
-            if hit is not None and hit[0] == at and hit[1] == mine and hit[2] == rtt:
+            mine, rtt = own[g], self.rtt_ms[g]
+            if (
+                hit is not None
+                and rel >= 0  # (below 0: the log was trimmed past it, read it again)
+                and (rel >= len(log.times) or log.times[rel] > now - owd[g])
+                and hit[1] == mine
+                and hit[2] == rtt
+            ):  # nothing new has reached this site from there
                 out.append(hit[3])
                 continue
+            (healthy, cap, busy, models), at = log.at(now - owd[g], acur[g])
+            acur[g] = at
             summary = RegionSummary(
                 self.workers[ws[0]].region,
                 len(ws),

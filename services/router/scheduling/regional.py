@@ -29,14 +29,14 @@ arrive; the planet simulator's replicas build only the chosen regions' rows.
 Profile YAML (optional; absent: the profile sees the whole fleet, as before)::
 
     regions: {max_regions: 3, tau_ms: 50, latency_weight: 1, capacity_weight: 1,
-              unknown_score: 0.25}
+              unknown_score: 0.25, min_workers: 0}
 """
 
 from __future__ import annotations
 
 import heapq
 import random
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Protocol
 
@@ -165,6 +165,9 @@ class RegionStage:
     latency_weight: float = 1.0
     capacity_weight: float = 1.0
     unknown_score: float = 0.25
+    # Fleets smaller than this are decided whole: the stage is for scale, and on a handful of
+    # workers it would only cost the ranked list its fallbacks in other regions.
+    min_workers: int = 0
     # id(summary) → (summary, has free slots, score): summaries are immutable
     _keys: dict[int, tuple[RegionSummary, bool, float]] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -181,6 +184,7 @@ class RegionStage:
             "latency_weight + capacity_weight must be > 0",
         )
         require(0.0 <= self.unknown_score <= 1.0, "unknown_score", "must be between 0 and 1")
+        require(self.min_workers >= 0, "min_workers", "must be >= 0")
 
     @classmethod
     def from_params(cls, params: Params) -> RegionStage:
@@ -190,6 +194,7 @@ class RegionStage:
             latency_weight=params.number("latency_weight", 1.0),
             capacity_weight=params.number("capacity_weight", 1.0),
             unknown_score=params.number("unknown_score", 0.25),
+            min_workers=params.integer("min_workers", 0),
         )
         params.finish()
         return stage
@@ -250,11 +255,15 @@ def schedule_regions(
 ) -> Decision:
     """Pre-select regions, then decide with the profile over their workers (the decision
     over the whole fleet when none of theirs survives the filters)."""
-    chosen, eligible = stage.select(query, view.summaries(), profile.rng)
+    summaries = view.summaries()
+    if stage.min_workers and sum(s.workers for s in summaries) < stage.min_workers:
+        return profile.schedule(query, view.all_rows())
+    chosen, eligible = stage.select(query, summaries, profile.rng)
     if not chosen or len(chosen) >= eligible:
         return profile.schedule(query, view.all_rows())
-    scope: Hashable = chosen
-    decision = profile.schedule(query, view.rows(chosen), scope=scope)
+    # The same regions in any order are the same part of the fleet: one memo for them.
+    scope: tuple[str, ...] = tuple(sorted(chosen))
+    decision = profile.schedule(query, view.rows(scope), scope=scope)
     if decision.ranked:
         note = f" [regions: {', '.join(chosen)} of {eligible}]"
         return replace(decision, explanation=decision.explanation + note)

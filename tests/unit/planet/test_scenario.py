@@ -91,6 +91,10 @@ def problems(doc: dict[str, Any]) -> tuple[str, ...]:
             "router.report_interval_ms: must be >= 20",
         ),
         (lambda d: d.update(sites=["seoul", "paris"]), "sites: unknown site 'paris'"),
+        (
+            lambda d: d.update(router={"service_ms": -1}),
+            "router.service_ms: must be >= 0",
+        ),
     ],
 )
 def test_a_bad_scenario_names_the_key(small: dict[str, Any], edit: Any, expected: str) -> None:

@@ -3,7 +3,10 @@ order, replicas see the world late."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from services.planet.scenario import build
 from services.planet.sim import Planet
@@ -81,3 +84,49 @@ def test_a_replica_sees_a_report_one_way_delay_after_it_was_sent() -> None:
     assert view.sync(1.05, [log])[0].in_flight == 1
     row = view.sync(1.10, [log])[0]
     assert (row.running, row.in_flight) == (5, 0)  # arrived, and it names our request
+
+
+def test_a_replica_reads_a_regions_aggregate_one_way_late_plus_its_own_requests() -> None:
+    models = (ModelStatus("m", ModelState.READY, 8192),)
+    idle = Report(0.0, 0, 0, 0.0, 0.0, 0.0, 0.0, models, False, ())
+    workers = [StaticWorker("w1", "far", 0, "sim://w1", 8)]
+    view = SiteView("s", workers, rtt_ms=[200.0], loss=[0.0], initial=[idle])
+    log = RegionLog((1, 8, 0, frozenset({"m"})))
+    log.append(
+        1.0,
+        0,
+        Report(1.0, 5, 0, 0.5, 0.0, 0.0, 0.0, models, False, ()),
+        (1, 8, 5, frozenset({"m"})),
+    )
+    view.advance(1.05, [log])
+    (s,) = view.summaries()
+    assert (s.region, s.capacity, s.busy, s.rtt_ms) == ("far", 8, 0, 200.0)  # not here yet
+    view.assign(0, 7)
+    view.advance(1.10, [log])
+    (s,) = view.summaries()
+    assert s.busy == 6  # the report (5 busy), and the request this replica sent since
+    log.trim(1)  # the log moves on; the replica's view of the region stays
+    view.advance(1.20, [log])
+    assert view.summaries()[0].busy == 6
+
+
+def test_a_profile_with_region_pre_selection_routes_the_small_world(
+    small: dict[str, Any], tmp_path: Path
+) -> None:
+    doc = yaml.safe_load((ROOT / "deploy/router/profiles/default.yaml").read_text())
+    doc["profiles"]["default"]["regions"] = {"max_regions": 1}
+    profile = tmp_path / "regional.yaml"
+    profile.write_text(yaml.safe_dump(doc))
+    small["duration_s"] = 30
+    small["router"] = {"profile": str(profile)}
+    small["traffic"]["tenants"] = [{"name": "a", "share": 1, "tier": "standard"}]
+    small["events"] = [{"kind": "region-outage", "region": "jp", "at_s": 10, "duration_s": 10}]
+    small["report"] = {"interval_s": 5, "sample_decisions": 50}
+    planet = run(small)
+    m = planet.metrics
+    assert m.residency_violations == 0
+    assert not any(reason == "failed" for _, reason in m.refused)
+    by_interval = {round(row["t_s"]): row["regions"] for row in planet.metrics.series}
+    assert by_interval[20].get("jp", 0) == 0
+    assert by_interval[30].get("jp", 0) > 0
+    assert any("[regions:" in str(d) for d in m.samples)

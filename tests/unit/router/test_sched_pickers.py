@@ -141,3 +141,21 @@ def test_max_score_near_equal_is_range_checked() -> None:
 
     with pytest.raises(ParamError, match="near_equal"):
         MaxScorePicker(near_equal=1.5)
+
+
+def test_max_score_near_equal_stays_in_the_best_ones_region_unless_told() -> None:
+    rows = [
+        WorkerSnapshot(worker_id="near-1", region="near", address="a"),
+        WorkerSnapshot(worker_id="near-2", region="near", address="a"),
+        WorkerSnapshot(worker_id="far-1", region="far", address="a"),
+    ]
+    totals = [0.80, 0.79, 0.795]
+
+    def firsts(picker: MaxScorePicker) -> set[int]:
+        return {
+            picker.pick(QUERY, Scored(Candidates(rows), totals, random.Random(s)))[0]
+            for s in range(100)
+        }
+
+    assert firsts(MaxScorePicker(near_equal=0.05)) == {0, 1}
+    assert firsts(MaxScorePicker(near_equal=0.05, near_equal_across=True)) == {0, 1, 2}

@@ -151,3 +151,16 @@ def test_the_router_service_decides_through_the_region_stage() -> None:
     decision, _ = service.dry_run(RouteQuery("q", "m", priority=Priority.HIGH))
     assert decision.ranked[0].worker.region == "jp"
     assert "[regions: jp, us of 4]" in decision.explanation
+
+
+def test_a_fleet_below_min_workers_is_decided_whole() -> None:
+    rows = fleet_rows()  # 12 workers
+    d = profile(max_regions=1, min_workers=13).schedule_view(
+        RouteQuery("q", "m"), RegionIndex().update(rows)
+    )
+    assert "[regions:" not in d.explanation
+    assert "of 9 candidates" in d.explanation  # every region's workers were candidates
+    d = profile(max_regions=1, min_workers=12).schedule_view(
+        RouteQuery("q", "m"), RegionIndex().update(rows)
+    )
+    assert "[regions: jp of 4]" in d.explanation

@@ -12,11 +12,14 @@ requests to the one worker that looked best; totals that differ by less than a s
 (a report's age, one token-rate sample) are not a reason to prefer one worker. Keep it below a
 real difference — one batch slot of a small worker is worth ``queue weight / Σ weights / slots``
 (0.06 on the default profile's 4-slot case), a region further away much more — so it spreads
-among equivalent workers and never trades a near region for a far one. Fallbacks follow by
-score.
+among equivalent workers. With ``near_equal_across: false`` (the default) only candidates in
+the best one's region are drawn from, so it never trades a near region for a far one (a
+replica that is alone, with exact in-flight counts, loses nothing); ``true`` draws across
+regions too. Fallbacks follow by score.
 
 Input: the weighted totals (and the framework's shortlist of the best, when it has one).
-Parameters: ``max_candidates`` (≥ 1, default 3), ``near_equal`` (0..1, default 0).
+Parameters: ``max_candidates`` (≥ 1, default 3), ``near_equal`` (0..1, default 0),
+``near_equal_across`` (default false).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ class MaxScorePicker(Picker):
     TYPE: ClassVar[str] = "max-score"
     max_candidates: int = 3
     near_equal: float = 0.0
+    near_equal_across: bool = False
 
     def __post_init__(self) -> None:
         require(self.max_candidates >= 1, "max_candidates", "must be >= 1")
@@ -49,6 +53,7 @@ class MaxScorePicker(Picker):
         return cls(
             max_candidates=params.integer("max_candidates", 3),
             near_equal=params.number("near_equal", 0.0),
+            near_equal_across=params.boolean("near_equal_across", False),
         )
 
     def pick(self, query: RouteQuery, scored: Scored) -> tuple[int, ...]:
@@ -63,6 +68,9 @@ class MaxScorePicker(Picker):
         if totals[top[1]] < floor:
             return tuple(top)  # the best stands alone: the common case, decided in O(k)
         band = list(compress(range(len(totals)), map(_LE, repeat(floor), totals)))
+        if not self.near_equal_across:
+            region = scored.candidates[top[0]].region
+            band = [i for i in band if scored.candidates[i].region == region]
         primary = band[int(scored.rng.random() * len(band))]
         rest = [i for i in top if i != primary]
         return (primary, *rest[: k - 1])
