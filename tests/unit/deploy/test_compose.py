@@ -4,6 +4,7 @@ the services' own argument parsers: a renamed flag fails this test, not a user's
 from __future__ import annotations
 
 import argparse
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -34,13 +35,19 @@ PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
 }
 
 
+def interpolated(value: object) -> str:
+    """``value`` as compose passes it with the variables unset: ``${NAME:-default}`` is its
+    default."""
+    return re.sub(r"\$\{\w+:-([^}]*)\}", r"\1", str(value))
+
+
 def meridian_services() -> list[tuple[str, list[str]]]:
     out = []
     for source, spec in [("docker-compose.yml", COMPOSE), *OVERLAYS.items()]:
         for name, svc in spec["services"].items():
             command: list[Any] = svc.get("command", [])
             if command and str(command[0]) in PARSERS:
-                out.append((f"{source}:{name}", [str(c) for c in command]))
+                out.append((f"{source}:{name}", [interpolated(c) for c in command]))
     return out
 
 
