@@ -2,7 +2,7 @@
 the tiny model): models and context length from its ``/v1/models``, greedy streaming with
 vLLM's own usage, a refusal mapped, its ``/metrics`` read for load, and a closed stream that
 vLLM itself sees go away (its running-requests gauge falls back to 0 while the request still
-had tokens to generate).
+had tokens to generate), and the whole edge → router → worker path in front of it.
 
 The server is one process for the module (start ~20-40 s on these machines).
 """
@@ -20,6 +20,7 @@ import urllib.request
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import openai
 import pytest
 import pytest_asyncio
 
@@ -28,6 +29,7 @@ from services.common.net import free_port
 from services.worker.engine import ChatTurn, EngineRequest, FinishReason, SamplingOptions
 from services.worker.upstream.config import UpstreamConfig
 from services.worker.upstream.engine import UpstreamEngine
+from tests.support.inproc import start_edge, start_router, start_worker, stop_all
 from tests.support.wait import eventually
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.asyncio(loop_scope="module")]
@@ -138,3 +140,33 @@ async def test_closing_the_stream_makes_vllm_abort_the_request(engine: UpstreamE
         timeout_s=20,
     )
     await asyncio.sleep(0)
+
+
+async def test_the_whole_path_serves_vllm_serve_through_edge_and_router(
+    vllm_serve: str, redis_url: str
+) -> None:
+    engine = UpstreamEngine(UpstreamConfig(base_url=vllm_serve, scrape_metrics=False))
+    worker = await start_worker(engine, worker_id="kr-serve-1", region="kr")
+    router = await start_router([worker.address])
+    edge = await start_edge(redis_url=redis_url, router_address=router.address)
+    try:
+        await router.wait_healthy(1)
+        key = await edge.new_key()
+        async with openai.AsyncOpenAI(base_url=f"{edge.url}/v1", api_key=key, max_retries=0) as api:
+            stream = await api.chat.completions.create(
+                model=SERVED,
+                messages=[{"role": "user", "content": "Hello"}],
+                max_tokens=6,
+                temperature=0.0,
+                stream=True,
+                stream_options={"include_usage": True},
+                extra_body={"ignore_eos": True},
+            )
+            chunks = [c async for c in stream]
+        assert "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert [c.choices[0].finish_reason for c in chunks if c.choices][-1] == "length"
+        assert chunks[-1].usage is not None
+        assert chunks[-1].usage.completion_tokens == 6
+        assert chunks[-1].usage.prompt_tokens > 0
+    finally:
+        await stop_all(edge, router, worker)
