@@ -35,7 +35,7 @@ class Forecast(BaseModel):
     sunny: bool
 
 
-class get_weather(BaseModel):  # noqa: N801 -- LangChain names the tool after the class
+class get_weather(BaseModel):
     """Look up the weather for a city."""
 
     city: str
