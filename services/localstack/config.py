@@ -63,6 +63,10 @@ class StackConfig:
     vllm_model: str = DEFAULT_VLLM_MODEL
     vllm_regions: dict[str, int] = field(default_factory=dict)
     vllm_options: dict[str, Any] = field(default_factory=dict)
+    # `vllm.embedding`: pooling (embedding) workers beside the chat ones (same options,
+    # ``--runner pooling``), serving a tiny Matryoshka model; none when absent.
+    vllm_embedding_model: str = ""
+    vllm_embedding_regions: dict[str, int] = field(default_factory=dict)
     site_location: tuple[float, float] | None = None
 
     def map_places(self) -> list[str]:
@@ -145,9 +149,10 @@ def parse_stack_config(data: Any) -> StackConfig:
                 location=_location(spec.get("location"), f"{where}.location"),
             )
         )
-    vllm_model, vllm_regions, vllm_options = _parse_vllm(
-        _mapping(root.get("vllm"), "vllm"), regions_raw
-    )
+    vllm_raw = dict(_mapping(root.get("vllm"), "vllm"))
+    embedding_raw = _mapping(vllm_raw.pop("embedding", None), "vllm.embedding")
+    vllm_model, vllm_regions, vllm_options = _parse_vllm(vllm_raw, regions_raw)
+    embed_model, embed_regions = _parse_vllm_embedding(embedding_raw, regions_raw)
     return StackConfig(
         site=site,
         model=model,
@@ -156,6 +161,8 @@ def parse_stack_config(data: Any) -> StackConfig:
         vllm_model=vllm_model,
         vllm_regions=vllm_regions,
         vllm_options=vllm_options,
+        vllm_embedding_model=embed_model,
+        vllm_embedding_regions=embed_regions,
         site_location=_location(root.get("site_location"), "site_location"),
     )
 
@@ -187,6 +194,27 @@ def _parse_vllm(
                 f"vllm.options.{key}: must be a number, a string or true (a flag)"
             )
     return model, dict(counts), dict(options)
+
+
+def _parse_vllm_embedding(
+    embedding: dict[str, Any], regions: dict[str, Any]
+) -> tuple[str, dict[str, int]]:
+    """``vllm.embedding``: the pooling model's served name and its workers per region."""
+    if not embedding:
+        return "", {}
+    for key in embedding:
+        if key not in {"model", "regions"}:
+            raise StackConfigError(f"vllm.embedding.{key}: unknown key (expected model, regions)")
+    model = embedding.get("model")
+    if not isinstance(model, str) or not model.strip():
+        raise StackConfigError("vllm.embedding.model: must be a non-empty string")
+    counts = _mapping(embedding.get("regions", {}), "vllm.embedding.regions")
+    for name, count in counts.items():
+        if name not in regions:
+            raise StackConfigError(f"vllm.embedding.regions.{name}: not one of the regions")
+        if isinstance(count, bool) or not isinstance(count, int) or not 0 <= count <= 4:
+            raise StackConfigError(f"vllm.embedding.regions.{name}: must be an integer 0..4")
+    return model, dict(counts)
 
 
 def load_stack_config(path: Path) -> StackConfig:

@@ -115,11 +115,13 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
     config = load_stack_config(args.config)
     state = args.state_dir
     state.mkdir(parents=True, exist_ok=True)
-    model_path = None
+    model_path = embed_path = None
     if args.engine == "vllm":
-        from services.worker.vllm.tinymodel import build_tiny_model
+        from services.worker.vllm.tinymodel import TinyModelSpec, build_tiny_model
 
         model_path = build_tiny_model(state / "tiny-model")
+        if any(config.vllm_embedding_regions.values()):
+            embed_path = build_tiny_model(state / "tiny-embed", TinyModelSpec(matryoshka=True))
     stack = LocalStack(
         config=config,
         run_dir=state / "run",
@@ -127,6 +129,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         edge_port=_edge_port(),
         redis_url=os.environ.get("REDIS_URL") or None,
         vllm_model_path=model_path,
+        vllm_embedding_model_path=embed_path,
         log_level=args.log_level,
         tls=args.tls,
     )

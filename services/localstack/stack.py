@@ -73,6 +73,7 @@ class LocalStack:
         edge_port: int = 8080,
         redis_url: str | None = None,
         vllm_model_path: Path | None = None,
+        vllm_embedding_model_path: Path | None = None,
         router_profile: Path | None = None,
         log_level: str = "info",
         python: str = sys.executable,
@@ -86,6 +87,7 @@ class LocalStack:
         self.edge_port = edge_port
         self._redis_url = redis_url
         self._vllm_model_path = vllm_model_path
+        self._vllm_embedding_model_path = vllm_embedding_model_path
         self._router_profile = router_profile
         self._log_level = log_level
         self._python = python
@@ -156,6 +158,11 @@ class LocalStack:
         if self.engine == "vllm":
             for region, count in self.config.vllm_regions.items():
                 plan += [(f"{region}-vllm-{i + 1}", region, "vllm") for i in range(count)]
+            if self._vllm_embedding_model_path is not None:
+                for region, count in self.config.vllm_embedding_regions.items():
+                    plan += [
+                        (f"{region}-vllm-embed-{i + 1}", region, "vllm-embed") for i in range(count)
+                    ]
         else:
             for spec in self.config.regions:
                 plan += [(f"{spec.name}-{i + 1}", spec.name, "sim") for i in range(spec.workers)]
@@ -182,6 +189,20 @@ class LocalStack:
                 args += ["--model", self.config.model]
                 if self.config.sim:
                     args += ["--sim-config", str(sim_file)]
+            elif engine == "vllm-embed":
+                assert self._vllm_embedding_model_path is not None
+                args[args.index("vllm-embed")] = "vllm"
+                args += [
+                    "--model",
+                    str(self._vllm_embedding_model_path),
+                    "--served-model-name",
+                    self.config.vllm_embedding_model,
+                    "--runner",
+                    "pooling",
+                ]
+                for key, value in self.config.vllm_options.items():
+                    flag = "--" + key.replace("_", "-")
+                    args += [flag] if value is True else [flag, str(value)]
             else:
                 assert self._vllm_model_path is not None
                 args += [
@@ -300,8 +321,27 @@ class LocalStack:
         self.endpoints.edge_url = f"{info.get('scheme', 'http')}://127.0.0.1:{info['port']}"
         self.endpoints.admin_url = f"http://127.0.0.1:{info['admin_port']}"
 
+    def _expected_models(self) -> set[str]:
+        """Every model some worker of this stack serves once loaded."""
+        models = {self.config.served_model(self.engine)}
+        embedding = self._vllm_embedding_model_path is not None and any(
+            self.config.vllm_embedding_regions.values()
+        )
+        if self.engine == "vllm" and embedding:
+            models.add(self.config.vllm_embedding_model)
+        return models
+
+    async def _all_models_listed(self, session: aiohttp.ClientSession) -> bool:
+        headers = {"Authorization": f"Bearer {self.endpoints.demo_key}"}
+        async with session.get(f"{self.endpoints.edge_url}/v1/models", headers=headers) as resp:
+            if resp.status != 200:
+                return False
+            listed = {m.get("id") for m in (await resp.json()).get("data", [])}
+        return self._expected_models() <= listed
+
     async def _wait_edge_ready(self, timeout_s: float = 300.0) -> None:
-        """Until /readyz says the router sees a servable model (vLLM takes a while to load)."""
+        """Until /readyz says the router sees a servable model and every model of the stack is
+        listed (vLLM workers take a while to load, each at its own pace)."""
         deadline = asyncio.get_running_loop().time() + timeout_s
         connector = None
         if self.endpoints.tls_cert:
@@ -314,8 +354,9 @@ class LocalStack:
                         raise ProcessFailed(f"{proc.name} exited:\n{proc.log_tail()}")
                 try:
                     async with session.get(f"{self.endpoints.edge_url}/readyz") as resp:
-                        if resp.status == 200:
-                            return
+                        ready = resp.status == 200
+                    if ready and await self._all_models_listed(session):
+                        return
                 except aiohttp.ClientError:
                     pass
                 if asyncio.get_running_loop().time() > deadline:

@@ -4,6 +4,7 @@ workers, real sockets), through the official OpenAI SDK where it has a call for 
 from __future__ import annotations
 
 import base64
+import json
 import math
 import struct
 from typing import Any
@@ -27,6 +28,16 @@ async def post(stack: Stack, path: str, body: dict[str, Any], key: str | None = 
             f"{stack.base_url}/{path}",
             headers={"Authorization": f"Bearer {key or stack.key}"},
             json=body,
+        ) as resp,
+    ):
+        return resp.status, resp.headers, await resp.read()
+
+
+async def get(stack: Stack, path: str) -> Any:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(
+            f"{stack.base_url}/{path}", headers={"Authorization": f"Bearer {stack.key}"}
         ) as resp,
     ):
         return resp.status, resp.headers, await resp.read()
@@ -283,8 +294,6 @@ async def test_models_list_shows_each_models_capabilities(stack: Stack) -> None:
 
 
 def openai_error(raw: bytes) -> dict[str, Any]:
-    import json
-
     err: dict[str, Any] = json.loads(raw)["error"]
     return err
 
@@ -298,6 +307,8 @@ async def test_a_feature_no_worker_has_is_a_400_naming_it_not_a_503(redis_url: s
         async with client(stack) as c:
             with pytest.raises(openai.BadRequestError) as embed_err:
                 await c.embeddings.create(model=MODEL, input="x")
+            request_id = embed_err.value.response.headers["x-request-id"]
+            status, _, raw = await get(stack, f"explanations/{request_id}")
             with pytest.raises(openai.BadRequestError) as complete_err:
                 await c.completions.create(model=MODEL, prompt="x", max_tokens=2)
             chat = await c.chat.completions.create(
@@ -305,6 +316,12 @@ async def test_a_feature_no_worker_has_is_a_400_naming_it_not_a_503(redis_url: s
             )
     finally:
         await stop_stack(stack)
+    # The router's explanation shows the capability filter's verdict on every worker.
+    assert status == 200, raw
+    (decision,) = json.loads(raw)["decisions"]
+    assert decision["empty_reason"] == "unsupported"
+    assert {f["filter"] for f in decision["filtered"]} == {"capability"}
+    assert all("does not serve embeddings" in f["reason"] for f in decision["filtered"])
     body = embed_err.value.body
     assert isinstance(body, dict)
     assert body["param"] == "input"

@@ -23,6 +23,8 @@ from tests.vllm.procs import descendants
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 
+EMBED_MODEL = "tiny-embed"  # deploy/local/stack.yaml, vllm.embedding
+
 
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackProcess]:
@@ -42,9 +44,19 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[StackProcess]:
 
 def test_the_stack_serves_the_tiny_model_from_one_vllm_worker(stack: StackProcess) -> None:
     assert stack.info["model"] == DEFAULT_VLLM_MODEL
-    assert list(stack.info["workers"]) == ["kr-vllm-1"]
+    assert list(stack.info["workers"]) == ["kr-vllm-1", "kr-vllm-embed-1"]
     with stack.client() as client:
-        assert [m.id for m in client.models.list()] == [DEFAULT_VLLM_MODEL]
+        models = {m.id: m for m in client.models.list()}
+    assert set(models) == {DEFAULT_VLLM_MODEL, EMBED_MODEL}
+    chat_caps = (models[DEFAULT_VLLM_MODEL].model_extra or {})["capabilities"]
+    embed_caps = (models[EMBED_MODEL].model_extra or {})["capabilities"]
+    assert (chat_caps["chat"], chat_caps["completions"], chat_caps["embeddings"]) == (
+        True,
+        True,
+        False,
+    )
+    assert (embed_caps["embeddings"], embed_caps["chat"]) == (True, False)
+    assert embed_caps["dimensions_configurable"] is True
     assert (stack.state / "tiny-model" / "config.json").is_file()
     worker_log = (stack.state / "run" / "logs" / "kr-vllm-1.log").read_text()
     assert '"engine":"vllm"' in worker_log
@@ -74,6 +86,36 @@ def test_chat_and_streamed_chat_come_from_the_vllm_worker(stack: StackProcess) -
     assert chunks[-1].usage.completion_tokens == 8
 
 
+def test_completions_and_embeddings_come_from_their_vllm_workers(stack: StackProcess) -> None:
+    with stack.client() as client:
+        done = client.completions.create(
+            model=DEFAULT_VLLM_MODEL, prompt=[5, 17, 42], max_tokens=4, echo=True, logprobs=1
+        )
+        streamed = list(
+            client.completions.create(
+                model=DEFAULT_VLLM_MODEL, prompt="the edge", max_tokens=3, stream=True
+            )
+        )
+        raw = client.embeddings.with_raw_response.create(
+            model=EMBED_MODEL, input=["hello", "hello"], encoding_format="float"
+        )
+        short = client.embeddings.create(model=EMBED_MODEL, input="hello", dimensions=16)
+        with pytest.raises(openai.BadRequestError) as wrong:
+            client.embeddings.create(model=DEFAULT_VLLM_MODEL, input="hello")
+    assert done.usage is not None
+    assert done.usage.prompt_tokens == 3
+    assert done.choices[0].logprobs is not None
+    assert len(done.choices[0].logprobs.tokens or []) == 3 + 4
+    assert [c.choices[0].finish_reason for c in streamed if c.choices][-1] == "length"
+    assert raw.headers["x-meridian-worker"] == "kr-vllm-embed-1"
+    embedded = raw.parse()
+    assert len(embedded.data[0].embedding) == 128
+    assert embedded.data[0].embedding == embedded.data[1].embedding
+    assert len(short.data[0].embedding) == 16
+    assert isinstance(wrong.value.body, dict)
+    assert wrong.value.body["param"] == "input"  # the chat model does not embed
+
+
 def test_a_request_the_model_cannot_fit_is_a_400_naming_max_tokens(stack: StackProcess) -> None:
     with stack.client() as client, pytest.raises(openai.BadRequestError) as raised:
         client.chat.completions.create(
@@ -89,6 +131,7 @@ def test_a_request_the_model_cannot_fit_is_a_400_naming_max_tokens(stack: StackP
 def test_sigterm_leaves_no_process_no_engine_core_and_no_port(stack: StackProcess) -> None:
     pids = list(stack.info["pids"].values())
     engine = descendants(stack.info["pids"]["kr-vllm-1"])
+    engine |= descendants(stack.info["pids"]["kr-vllm-embed-1"])
     assert engine, "the vLLM worker runs its engine core in child processes"
     ports = stack.ports()
 

@@ -24,6 +24,8 @@ def test_the_shipped_config_runs_one_cpu_vllm_worker_serving_the_tiny_model() ->
     shipped = load_stack_config(DEFAULT_CONFIG)
 
     assert shipped.vllm_regions == {"kr": 1}
+    assert shipped.vllm_embedding_model == "tiny-embed"
+    assert shipped.vllm_embedding_regions == {"kr": 1}
     assert shipped.served_model("vllm") == DEFAULT_VLLM_MODEL
     assert shipped.served_model("sim") == "meridian-sim"
     assert shipped.vllm_options == {

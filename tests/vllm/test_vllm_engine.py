@@ -80,7 +80,7 @@ def tokenizer(tiny_model_dir: Path) -> Any:
 
 
 async def test_models_report_ready_after_start(engine: VllmEngine) -> None:
-    [model] = engine.models()
+    (model,) = engine.models()
     assert (model.name, model.state, model.max_model_len, model.engine) == (
         SERVED_NAME,
         ModelState.READY,
@@ -88,7 +88,8 @@ async def test_models_report_ready_after_start(engine: VllmEngine) -> None:
         "vllm",
     )
     caps = model.capabilities
-    assert caps.chat
+    assert (caps.chat, caps.completions, caps.echo, caps.embeddings) == (True, True, True, False)
+    assert caps.max_context_len == 256
     assert not caps.tools  # no --tool-call-parser
     assert caps.structured_outputs
     assert caps.max_n == 16

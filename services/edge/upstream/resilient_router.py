@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from meridian.v1 import router_pb2, worker_pb2
 from services.common import capabilities
 from services.common.clock import Clock
-from services.common.errors import MeridianError
+from services.common.errors import InvalidRequest, MeridianError
 from services.common.logs import event
 from services.edge.counters import EdgeCounters
 from services.edge.upstream.router_client import RouterClient, RouteResult, RouterUnreachable
@@ -141,6 +141,9 @@ class ResilientRouter:
         candidates = rank_locally(view, request, rng=self._rng, assigned=self._assigned)
         if not candidates:
             self._counters.route_fallback_unavailable += 1
+            unsupported = unsupported_in_view(view, request)
+            if unsupported is not None:
+                raise unsupported  # as the router would answer: a 400, not a 503
             raise err
         self._counters.route_fallback_used += 1
         first = candidates[0].worker_id
@@ -192,6 +195,34 @@ class ResilientRouter:
 
     async def close(self) -> None:
         await self.client.close()
+
+
+def unsupported_in_view(
+    view: router_pb2.RouterView, request: router_pb2.RouteRequest
+) -> InvalidRequest | None:
+    """The router's UNSUPPORTED answer, from the view: the model is served in the allowed
+    regions, but no worker of it has what the request needs."""
+    needs = capabilities.Needs.from_pb(request)
+    allowed = set(request.allowed_regions)
+    miss: capabilities.Unmet | None = None
+    for w in view.workers:
+        if allowed and w.region not in allowed:
+            continue
+        for m in w.load.models:
+            if m.name != request.model:
+                continue
+            found = capabilities.unmet(capabilities.Capabilities.from_pb(m), needs)
+            if found is None:
+                return None  # someone could serve it: unavailable, not unsupported
+            miss = miss or found
+    if miss is None:
+        return None
+    return InvalidRequest(
+        f"Unsupported on this deployment: model '{request.model}' {miss.reason}, on every "
+        f"worker serving it ('{miss.param}').",
+        param=miss.param,
+        code=capabilities.UNSUPPORTED_CODE,
+    )
 
 
 def models_from_view(view: router_pb2.RouterView) -> router_pb2.ListModelsResponse:

@@ -28,8 +28,8 @@ from services.edge.upstream.router_client import RouterClient
 
 MAX_CANDIDATES = 8
 MAX_FILTERED = 32
-#: The edge's own request ids (app.chat_completions): nothing else is looked up.
-REQUEST_ID = re.compile(r"^chatcmpl-[0-9a-f]{32}$")
+#: The edge's own request ids (chat, completions, embeddings; app.py): nothing else is looked up.
+REQUEST_ID = re.compile(r"^(?:chatcmpl|cmpl|embd)-[0-9a-f]{32}$")
 
 
 def explanation_json(resp: router_pb2.RequestExplanation) -> dict[str, Any]:

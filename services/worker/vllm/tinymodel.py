@@ -100,6 +100,9 @@ class TinyModelSpec:
     num_key_value_heads: int = 1
     max_position_embeddings: int = 512
     seed: int = 0
+    # Declare the model Matryoshka-trained (config ``is_matryoshka``), so vLLM's pooling runner
+    # accepts ``dimensions``: the embedding model of the tests (``--runner pooling``).
+    matryoshka: bool = False
 
     def __post_init__(self) -> None:
         for name in (
@@ -125,7 +128,10 @@ class TinyModelSpec:
 
     def fingerprint(self) -> str:
         """Identifies what the builder writes for this spec (fields + builder version)."""
-        blob = json.dumps({"format": FORMAT_VERSION, **asdict(self)}, sort_keys=True)
+        fields = asdict(self)
+        if not self.matryoshka:
+            del fields["matryoshka"]  # the chat model's fingerprint predates the field
+        blob = json.dumps({"format": FORMAT_VERSION, **fields}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()
 
 
@@ -210,6 +216,7 @@ def _write_model(folder: Path, spec: TinyModelSpec) -> None:
         eos_token_id=tokenizer.eos_token_id,
         tie_word_embeddings=False,
         dtype="float32",
+        **({"is_matryoshka": True} if spec.matryoshka else {}),
     )
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(spec.seed)
@@ -244,9 +251,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("out_dir", type=Path, help="folder to write (created if missing)")
     parser.add_argument("--seed", type=int, default=0, help="weight seed (default 0)")
+    parser.add_argument(
+        "--matryoshka",
+        action="store_true",
+        help="declare it Matryoshka-trained (an embedding model that takes dimensions)",
+    )
     args = parser.parse_args(argv)
     try:
-        path = build_tiny_model(args.out_dir, TinyModelSpec(seed=args.seed))
+        path = build_tiny_model(
+            args.out_dir, TinyModelSpec(seed=args.seed, matryoshka=args.matryoshka)
+        )
     except (FolderInUse, ValueError) as err:
         print(f"tinymodel: {err}", file=sys.stderr)
         return 2

@@ -144,3 +144,29 @@ async def test_readiness_from_the_view_needs_a_loaded_model(
     router._view = router_pb2.RouterView(workers=workers)  # the last view it had, just now
     router._view_at = clock.monotonic()
     assert await router.ready() is ready
+
+
+def test_while_the_router_is_down_the_view_honours_capabilities() -> None:
+    from services.common.capabilities import Capabilities, Needs
+    from services.edge.upstream.resilient_router import unsupported_in_view
+
+    chat_only = worker("chat-1")
+    embedder = worker("embed-1", region="jp")
+    embedder.load.models[0].capabilities.CopyFrom(
+        Capabilities(chat=False, embeddings=True, embedding_dimensions=64).to_pb()
+    )
+    view = router_pb2.RouterView(workers=[chat_only, embedder])
+    wants_embedding = router_pb2.RouteRequest(model="m", needs=Needs(endpoint="embeddings").to_pb())
+    ranked = rank_locally(view, wants_embedding, rng=random.Random(1), assigned={})
+    assert [c.worker_id for c in ranked] == ["embed-1"]
+    assert unsupported_in_view(view, wants_embedding) is None
+    # Only the chat worker in the allowed region: the router would say unsupported, so does
+    # the edge (a 400 naming the field), rather than 503.
+    pinned = router_pb2.RouteRequest(
+        model="m", allowed_regions=["kr"], needs=Needs(endpoint="embeddings").to_pb()
+    )
+    assert rank_locally(view, pinned, rng=random.Random(1), assigned={}) == ()
+    err = unsupported_in_view(view, pinned)
+    assert err is not None
+    assert err.param == "input"
+    assert err.code == "unsupported_capability"
