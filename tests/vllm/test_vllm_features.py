@@ -38,7 +38,7 @@ from tests.vllm.inproc import VllmStack, start_vllm_stack
 pytestmark = pytest.mark.vllm
 
 NAME = "tiny-tools"
-WEATHER = {
+WEATHER: dict[str, Any] = {
     "type": "object",
     "properties": {
         "city": {"type": "string", "maxLength": 8},

@@ -12,7 +12,7 @@ from services.edge.dialects.chat import chat_needs
 from services.edge.openai_types import parse_chat_request
 from services.edge.render import ChoiceAssembler, ChunkRenderer, tool_deltas
 
-TOOLS = [
+TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
         "function": {
