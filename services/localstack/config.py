@@ -29,6 +29,7 @@ VLLM_OPTIONS: frozenset[str] = frozenset(
         "tool_call_parser",
         "enable_auto_tool_choice",
         "tool_strict_level",
+        "tool_call_constraint",
         "structured_outputs_backend",
         "structured_outputs_compact",
         "quantization",

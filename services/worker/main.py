@@ -111,6 +111,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="vLLM's tool-call constraint floor (default auto)",
     )
     v.add_argument(
+        "--tool-call-constraint",
+        choices=["auto", "json"],
+        help="required/named tool choices: the parser's structural tag (auto) or guided JSON",
+    )
+    v.add_argument(
         "--structured-outputs-compact",
         action="store_true",
         help="structured JSON without optional whitespace (vLLM's disable_any_whitespace)",

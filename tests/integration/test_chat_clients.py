@@ -35,7 +35,7 @@ class Forecast(BaseModel):
     sunny: bool
 
 
-class get_weather(BaseModel):  # noqa: N801 -- LangChain names the tool after the class
+class get_weather(BaseModel):
     """Look up the weather for a city."""
 
     city: str
@@ -71,10 +71,10 @@ async def test_langchain_bind_tools_returns_tool_calls(stack: Stack) -> None:
     assert [c["name"] for c in message.tool_calls] == ["get_weather"]
     assert isinstance(message.tool_calls[0]["args"]["city"], str)
     assert message.tool_calls[0]["id"]
-    streamed = chunks[0]
+    streamed: Any = chunks[0]
     for c in chunks[1:]:
         streamed = streamed + c  # LangChain joins tool-call chunks by index
-    assert [c["name"] for c in streamed.tool_calls] == ["get_weather"]  # type: ignore[attr-defined]
+    assert [c["name"] for c in streamed.tool_calls] == ["get_weather"]
 
 
 async def test_langchain_tool_choice_forces_a_named_tool(stack: Stack) -> None:

@@ -365,3 +365,18 @@ async def test_settlement_charges_the_usage_of_every_choice(
     # What the key is charged now: the first request's real usage (all choices, or the tool
     # calls), and the probe's own reservation, not the first one's reservation.
     assert tpm - int(headers["x-ratelimit-remaining-tokens"]) == used + estimate() + 1
+
+
+async def test_feature_requests_and_tool_calls_are_counted(stack: Stack) -> None:
+    counters = stack.edge.counters
+    before = counters.snapshot()
+    async with client(stack) as api:
+        await api.chat.completions.create(model=MODEL, messages=user("get_time"), tools=TOOLS)
+        await api.chat.completions.create(
+            model=MODEL, messages=user("x"), response_format={"type": "json_object"}, n=2
+        )
+    after = counters.snapshot()
+    assert after["tool_requests"] - before["tool_requests"] == 1
+    assert after["tool_calls_returned"] - before["tool_calls_returned"] == 1
+    assert after["structured_output_requests"] - before["structured_output_requests"] == 1
+    assert after["multi_choice_requests"] - before["multi_choice_requests"] == 1

@@ -38,6 +38,7 @@ def test_the_shipped_config_runs_one_cpu_vllm_worker_serving_the_tiny_model() ->
         "enable_auto_tool_choice": True,
         "structured_outputs_backend": "xgrammar",
         "structured_outputs_compact": True,
+        "tool_call_constraint": "json",
     }
 
 

@@ -61,6 +61,11 @@ class VllmConfig:
         tool_strict_level: vLLM's ``--tool-strict-level``: "auto" (each tool's ``strict``;
             Meridian sends forced choices strict), "function" (the call envelope of every
             tools request constrained), "parameter" (and every tool's arguments).
+        tool_call_constraint: how ``required`` and named tool choices are enforced: "auto"
+            (vLLM's default: the parser's structural tag, the call in the model's own format)
+            or "json" (vLLM's guided JSON over the call schema, as with
+            ``VLLM_ENFORCE_STRICT_TOOL_CALLING=0``: the model writes the arguments, or the list
+            of calls, as bare JSON; compact with ``structured_outputs_compact``).
         structured_outputs_backend: vLLM's grammar backend ("auto", "xgrammar", "guidance",
             "outlines", "lm-format-enforcer").
         structured_outputs_compact: JSON under structured outputs without optional whitespace
@@ -93,6 +98,7 @@ class VllmConfig:
     enable_auto_tool_choice: bool = False
     structured_outputs_backend: str = "auto"
     tool_strict_level: str = "auto"
+    tool_call_constraint: str = "auto"
     structured_outputs_compact: bool = False
     quantization: str | None = None
     speculative_config: dict[str, Any] | None = None
@@ -143,6 +149,10 @@ class VllmConfig:
         ):
             raise ValueError(
                 "structured_outputs_compact needs structured_outputs_backend xgrammar or guidance"
+            )
+        if self.tool_call_constraint not in ("auto", "json"):
+            raise ValueError(
+                f"tool_call_constraint must be auto or json, got {self.tool_call_constraint!r}"
             )
         if self.tool_strict_level not in ("auto", "function", "parameter"):
             raise ValueError(

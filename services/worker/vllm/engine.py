@@ -156,7 +156,8 @@ class VllmEngine:
             raise
         self._llm = llm
         try:
-            self._parser_cls = load_parser(self.config, llm.get_tokenizer())
+            if self.config.runner != "pooling":  # an embedding model parses no calls
+                self._parser_cls = load_parser(self.config, llm.get_tokenizer())
         except ValueError as err:
             self._fail(str(err))
             await _stop_engine(llm)

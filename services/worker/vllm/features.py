@@ -23,6 +23,7 @@ grammar backend cannot compile is ``response_format.json_schema.schema`` (or
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -67,8 +68,12 @@ def load_parser(config: VllmConfig, tokenizer: Any) -> type[Parser] | None:
     naming the flag when the model's tokenizer lacks what the parser needs."""
     if config.tool_call_parser is None:
         return None
+    if config.tool_call_constraint == "json":
+        # vLLM reads this when a parser class is defined (its lazy import, just below) and
+        # when it builds a structural tag: off, required/named choices use guided JSON.
+        os.environ["VLLM_ENFORCE_STRICT_TOOL_CALLING"] = "0"
     try:
-        return ParserManager.get_parser(  # type: ignore[no-any-return]  # vllm is untyped here
+        parser_cls = ParserManager.get_parser(
             tool_parser_name=config.tool_call_parser,
             enable_auto_tools=config.enable_auto_tool_choice,
             model_name=config.name,
@@ -77,6 +82,17 @@ def load_parser(config: VllmConfig, tokenizer: Any) -> type[Parser] | None:
         )
     except (TypeError, KeyError) as err:
         raise ValueError(f"--tool-call-parser {config.tool_call_parser}: {err}") from err
+    tool_parser = getattr(parser_cls, "tool_parser_cls", None)
+    if (
+        config.tool_call_constraint == "json"
+        and tool_parser is not None
+        and not tool_parser.supports_required_and_named
+    ):
+        raise ValueError(
+            f"--tool-call-constraint json: the {config.tool_call_parser} parser was loaded "
+            "with structural tags earlier in this process; start the worker with it"
+        )
+    return parser_cls  # type: ignore[no-any-return]  # vllm is untyped here
 
 
 def needs_features(request: EngineRequest) -> bool:

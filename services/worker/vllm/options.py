@@ -46,6 +46,7 @@ _FLAGS = {
     "enable_auto_tool_choice": "--enable-auto-tool-choice",
     "structured_outputs_backend": "--structured-outputs-backend",
     "tool_strict_level": "--tool-strict-level",
+    "tool_call_constraint": "--tool-call-constraint",
     "structured_outputs_compact": "--structured-outputs-compact",
     "quantization": "--quantization",
     "speculative_config": "--speculative-config",
@@ -75,6 +76,7 @@ def from_args(args: argparse.Namespace) -> Engine:
         "structured_outputs_backend": getattr(args, "structured_outputs_backend", None),
         "max_choices": getattr(args, "max_choices", None),
         "tool_strict_level": getattr(args, "tool_strict_level", None),
+        "tool_call_constraint": getattr(args, "tool_call_constraint", None),
         "runner": getattr(args, "runner", None),
     }
     try:

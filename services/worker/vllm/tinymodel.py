@@ -78,15 +78,21 @@ CORPUS = (
     "Hello! How are you today? I am fine, thank you, and you? Let us count: one two three.",
     "Numbers 0123456789, punctuation .,;:!?'\"()[]{}<>/\\|@#$%^&*-_=+~ and newlines\n\n.",
     "<|system|>\nYou are helpful.</s>\n<|user|>\nWrite a poem.</s>\n<|assistant|>\nSure.",
+    '<tools>{"type": "function", "function": {"name": "get_weather", "parameters": {"type": '
+    '"object", "properties": {"city": {"type": "string", "maxLength": 8}, "days": {"type": '
+    '"integer", "maximum": 7} }, "required": ["city", "days"]} } }</tools>',
+    '<tool_call>{"name": "get_weather", "arguments": {"city": "Seoul", "days": 3} }</tool_call>',
 )
-"""Text the BPE merges are learned from. Any UTF-8 text still encodes (byte fallback)."""
+"""Text the BPE merges are learned from. Any UTF-8 text still encodes (byte fallback). The JSON
+lines give tool schemas and calls merges of their own (a tools prompt fits the context, and
+the random model's forced calls end within a few hundred tokens)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class TinyModelSpec:
     """The model's shape and seed. Defaults are the ones notes/vllm-cpu.md verified on CPU."""
 
-    vocab_size: int = 512
+    vocab_size: int = 640
     hidden_size: int = 128
     intermediate_size: int = 256
     num_hidden_layers: int = 2

@@ -12,7 +12,7 @@ from services.edge.dialects.chat import chat_needs
 from services.edge.openai_types import parse_chat_request
 from services.edge.render import ChoiceAssembler, ChunkRenderer, tool_deltas
 
-TOOLS = [
+TOOLS: list[dict[str, Any]] = [
     {
         "type": "function",
         "function": {
@@ -105,3 +105,16 @@ def test_choices_assemble_text_and_calls_per_index() -> None:
     ]
     assert out[1]["finish_reason"] == "tool_calls"
     assert choices.tool_calls() == 1
+
+
+def test_a_schema_naming_an_unknown_draft_is_refused_not_fetched() -> None:
+    import pytest
+
+    from services.common.errors import InvalidRequest
+
+    bad = {"$schema": "http://127.0.0.1:9/evil", "type": "object"}
+    with pytest.raises(InvalidRequest) as err:
+        parse(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": bad}})
+    assert err.value.param == "response_format.json_schema.schema"
+    draft7 = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object"}
+    parse(response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": draft7}})

@@ -50,7 +50,10 @@ def _model(tmp_path: Path) -> str:
         (["--enable-auto-tool-choice"], "--enable-auto-tool-choice: .*needs a tool_call_parser"),
         (["--speculative-config", "{ngram"], "--speculative-config: not JSON"),
         (["--speculative-config", "[1]"], "--speculative-config: must be a JSON object"),
-        (["--speculative-config", '{"tokens": 3}'], "--speculative-config: .*'method' or a 'model'"),
+        (
+            ["--speculative-config", '{"tokens": 3}'],
+            "--speculative-config: .*'method' or a 'model'",
+        ),
         (
             ["--speculative-config", '{"method": "ngram", "num_speculative_tokens": 0}'],
             "--speculative-config: .*num_speculative_tokens",
