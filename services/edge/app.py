@@ -135,6 +135,7 @@ def chat_stages(deps: EdgeDeps) -> tuple[list[Stage], TerminalStage]:
             workers=deps.workers,
             policy=deps.policy,
             migration=deps.migration,
+            fleet=deps.router,
             counters=deps.counters,
             telemetry=deps.telemetry,
             keepalive_after_s=deps.keepalive_after_s,

@@ -13,9 +13,12 @@ import pytest
 
 from services.edge.migration.policy import MigrationPolicy
 from services.edge.upstream.failover import FailoverPolicy
-from services.netem.proxy import CutMode
-from tests.integration.conftest import MODEL, Stack, start_stack, stop_stack
+from services.netem.config import LinkProfile, Route
+from services.netem.proxy import CutMode, DelayProxy
+from services.worker.sim import SimEngine
+from tests.integration.conftest import MODEL, Stack, sim_config, start_stack, stop_stack
 from tests.support.builders import edge_config
+from tests.support.inproc import start_edge, start_router, start_worker
 from tests.support.sse import StreamResult, chat_stream
 
 TOKENS = 120
@@ -239,3 +242,41 @@ async def test_a_non_streamed_completion_survives_its_worker_and_says_it_moved(
     assert payload["usage"] == ref.usage
     assert payload["meridian"]["migrations"] == 1
     assert moved == "1"
+
+
+async def test_a_stream_with_nowhere_else_to_go_waits_out_a_pause_instead_of_failing(
+    redis_url: str, session: aiohttp.ClientSession
+) -> None:
+    """One worker only: a pause longer than the stall threshold is not a reason to cut the
+    stream (no other worker could take it); it goes on when the worker does."""
+    worker = await start_worker(SimEngine(sim_config()), worker_id="kr-1", region="kr")
+    host, port = worker.address.rsplit(":", 1)
+    proxy = DelayProxy(
+        Route(name="kr-1", upstream_host=host, upstream_port=int(port), link=LinkProfile())
+    )
+    await proxy.start()
+    router = await start_router([f"{proxy.host}:{proxy.port}"], stale_after_s=5.0)
+    edge = await start_edge(
+        redis_url=redis_url, router_address=router.address, config=migration_stack_config()
+    )
+    try:
+        await router.wait_healthy(1)
+        await edge.deps.router.refresh()  # the edge's copy of the view: one worker
+        assert edge.deps.router.serving_workers(MODEL, []) == 1
+        key = await edge.new_key("solo")
+
+        async def pause(res: StreamResult) -> None:
+            if res.content_chunks == 5:
+                proxy.cut(CutMode.BLACKHOLE, reset_existing=False)
+                asyncio.get_running_loop().call_later(1.2, proxy.restore)  # > stall_s 0.5
+
+        got = await chat_stream(session, edge.url + "/v1", key, body(seed=4), on_content=pause)
+    finally:
+        await edge.stop()
+        await router.stop()
+        await proxy.close()
+        await worker.stop()
+    assert got.ok, got
+    assert got.meridian is not None
+    assert got.meridian["migrations"] == 0
+    assert got.max_gap_s >= 1.0

@@ -26,8 +26,8 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
 
 from aiohttp import web
 from opentelemetry import trace
@@ -63,6 +63,12 @@ log = logging.getLogger("meridian.edge")
 _BACKED_UP_BYTES = 32 * 1024
 
 
+class FleetView(Protocol):
+    """What the stream stage asks the edge's copy of the router view (ResilientRouter)."""
+
+    def serving_workers(self, model: str, allowed_regions: Sequence[str]) -> int | None: ...
+
+
 class ClientGone(Exception):
     """The client disconnected or stopped reading; nothing more can be sent."""
 
@@ -84,6 +90,7 @@ class Stream:
         policy: FailoverPolicy,
         counters: EdgeCounters,
         migration: MigrationPolicy | None = None,
+        fleet: FleetView | None = None,
         telemetry: EdgeTelemetry | None = None,
         keepalive_after_s: float = 3.0,
         keepalive_every_s: float = 10.0,
@@ -93,6 +100,7 @@ class Stream:
         self._workers = workers
         self._policy = policy
         self._migration = migration or MigrationPolicy()
+        self._fleet = fleet
         # A migratable stream is watched for stalls at the migration threshold, not at the
         # (much longer) idle limit that ends an unmigratable one.
         self._stall_policy = dataclasses.replace(
@@ -117,7 +125,7 @@ class Stream:
 
         refusal = migration_refusal(ctx.body)
         migratable = self._migration.enabled and refusal is None
-        policy = self._stall_policy if migratable else self._policy
+        policy = self._stall_policy if migratable and self._elsewhere(ctx) else self._policy
         reroute = ctx.reroute
 
         def migrating(first: UpstreamStream) -> MigratingStream:
@@ -184,6 +192,15 @@ class Stream:
         if calls:
             self._counters.tool_calls_returned += calls
             trace.get_current_span().set_attribute("meridian.tool_calls", calls)
+    def _elsewhere(self, ctx: ChatContext) -> bool:
+        """Whether a stalled stream could move: another worker serves its model where the
+        tenant may run (or the view is unknown). A stream with nowhere to go keeps the long
+        idle limit rather than being cut off for a pause it might recover from."""
+        if self._fleet is None or ctx.body is None or ctx.principal is None:
+            return True
+        regions = ctx.principal.tenant.allowed_regions
+        serving = self._fleet.serving_workers(ctx.body.model, list(regions))
+        return serving is None or serving > 1
 
     async def _complete(
         self,

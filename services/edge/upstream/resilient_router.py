@@ -27,7 +27,7 @@ import contextlib
 import logging
 import random
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from meridian.v1 import router_pb2, worker_pb2
@@ -125,6 +125,24 @@ class ResilientRouter:
         if age is None or age > self._config.max_age_s:
             return None
         return self._view
+
+    def serving_workers(self, model: str, allowed_regions: Sequence[str]) -> int | None:
+        """How many workers the last view has ready for ``model`` in ``allowed_regions`` (all
+        regions when empty); None without a usable view. Read once per stream by the stream
+        stage: a stream with nowhere else to go is not declared stalled early (a slow
+        worker that comes back beats a migration with no target)."""
+        view = self._usable_view()
+        if view is None:
+            return None
+        allowed = set(allowed_regions)
+        return sum(
+            1
+            for w in view.workers
+            if w.healthy
+            and not w.load.draining
+            and (not allowed or w.region in allowed)
+            and _serves(w, model)
+        )
 
     async def route(self, request: router_pb2.RouteRequest) -> RouteResult:
         try:
