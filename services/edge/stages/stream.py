@@ -192,6 +192,7 @@ class Stream:
         if calls:
             self._counters.tool_calls_returned += calls
             trace.get_current_span().set_attribute("meridian.tool_calls", calls)
+
     def _elsewhere(self, ctx: ChatContext) -> bool:
         """Whether a stalled stream could move: another worker serves its model where the
         tenant may run (or the view is unknown). A stream with nowhere to go keeps the long

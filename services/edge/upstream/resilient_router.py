@@ -141,7 +141,7 @@ class ResilientRouter:
             if w.healthy
             and not w.load.draining
             and (not allowed or w.region in allowed)
-            and _serves(w, model)
+            and _serves(w, model, capabilities.Needs())
         )
 
     async def route(self, request: router_pb2.RouteRequest) -> RouteResult:

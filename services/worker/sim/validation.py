@@ -38,7 +38,14 @@ from services.worker.engine import (
 from services.worker.sim.config import SimConfig
 from services.worker.sim.script import build_script, needs_script
 from services.worker.sim.sequence import SimSequence
-from services.worker.sim.text import TextGenerator, render_chat, seed_for, split_pieces, token_id, tokenize
+from services.worker.sim.text import (
+    TextGenerator,
+    render_chat,
+    seed_for,
+    split_pieces,
+    token_id,
+    tokenize,
+)
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 MAX_TOP_LOGPROBS = 20

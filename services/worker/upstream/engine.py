@@ -48,6 +48,8 @@ from services.common.errors import (
 )
 from services.common.logs import event
 from services.worker.engine import (
+    EmbedRequest,
+    EmbedResult,
     Engine,
     EngineLoad,
     EngineOutput,
@@ -370,6 +372,15 @@ class UpstreamEngine:
         if stream.response is not None:
             stream.response.content.set_exception(_Aborted())
             stream.response.close()
+
+    async def embed(self, request: EmbedRequest) -> EmbedResult:
+        """Not served: this engine fronts an upstream's chat completions only, and reports no
+        embeddings capability, so routers send it no Embed call; one that arrives anyway is
+        refused naming the input."""
+        raise InvalidRequest(
+            f"{request.model} on this worker serves chat completions only (--engine openai)",
+            param="input",
+        )
 
     async def generate(self, request: EngineRequest) -> AsyncGenerator[EngineOutput, None]:
         session = self._ready()
