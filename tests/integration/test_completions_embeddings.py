@@ -290,7 +290,9 @@ async def test_models_list_shows_each_models_capabilities(stack: Stack) -> None:
     assert caps["completions"] is True
     assert caps["embeddings"] is True
     assert caps["embedding_dimensions"] == 256
-    assert caps["tools"] is False
+    assert caps["tools"] is True  # SimEngine scripts tool calls (issue 12 part A)
+    assert caps["structured_outputs"] is True
+    assert caps["max_n"] >= 16
 
 
 def openai_error(raw: bytes) -> dict[str, Any]:
