@@ -280,3 +280,48 @@ async def test_a_stream_with_nowhere_else_to_go_waits_out_a_pause_instead_of_fai
     assert got.meridian is not None
     assert got.meridian["migrations"] == 0
     assert got.max_gap_s >= 1.0
+
+
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"n": 2},
+        {
+            "response_format": {
+                "type": "json_schema",
+                "json_schema": {
+                    "name": "story",
+                    "schema": {
+                        "type": "object",
+                        "properties": {
+                            "chapters": {
+                                "type": "array",
+                                "items": {"type": "string"},
+                                "minItems": 8,
+                            }
+                        },
+                        "required": ["chapters"],
+                    },
+                },
+            }
+        },
+    ],
+    ids=["n=2", "json_schema"],
+)
+async def test_a_stream_whose_state_cannot_move_ends_with_a_clear_error_and_done(
+    mstack: Stack, session: aiohttp.ClientSession, over: dict[str, Any]
+) -> None:
+    """Structured outputs (the grammar would restart at its root) and several choices are not
+    migrated: the break is an SSE error event that says why, then ``[DONE]``."""
+    killed: list[str] = []
+
+    async def kill(worker_id: str) -> None:
+        killed.append(worker_id)
+        asyncio.get_running_loop().create_task(mstack.workers[worker_id].die())
+
+    got = await broken_at(mstack, session, 2, kill, **over)
+    assert killed, "the stream ended before the worker could be killed"
+    assert got.error is not None
+    assert "cannot move to another worker" in got.error["message"]
+    assert got.done
+    assert mstack.edge.counters.migrations == 0
