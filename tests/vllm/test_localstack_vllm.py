@@ -17,7 +17,8 @@ from collections.abc import Iterator
 import openai
 import pytest
 
-from services.localstack.config import DEFAULT_VLLM_MODEL
+from services.localstack.config import DEFAULT_VLLM_MODEL, load_stack_config
+from services.localstack.main import DEFAULT_CONFIG
 from tests.support.stackproc import StackProcess, alive, start_stack_process
 from tests.vllm.procs import descendants
 
@@ -116,16 +117,22 @@ def test_completions_and_embeddings_come_from_their_vllm_workers(stack: StackPro
     assert wrong.value.body["param"] == "input"  # the chat model does not embed
 
 
+def stack_vllm_options() -> dict[str, object]:
+    """The vLLM options `make run ENGINE=vllm` starts its workers with."""
+    return load_stack_config(DEFAULT_CONFIG).vllm_options
+
+
 def test_a_request_the_model_cannot_fit_is_a_400_naming_max_tokens(stack: StackProcess) -> None:
     with stack.client() as client, pytest.raises(openai.BadRequestError) as raised:
         client.chat.completions.create(
             model=DEFAULT_VLLM_MODEL,
             messages=[{"role": "user", "content": "hello"}],
-            max_tokens=1000,
+            max_tokens=5000,
         )
     assert isinstance(raised.value.body, dict)
     assert raised.value.body["param"] == "max_tokens"
-    assert "256-token context" in raised.value.body["message"]
+    context = stack_vllm_options()["max_model_len"]
+    assert f"{context}-token context" in raised.value.body["message"]
 
 
 def test_sigterm_leaves_no_process_no_engine_core_and_no_port(stack: StackProcess) -> None:
