@@ -22,12 +22,9 @@ from meridian.v1 import router_pb2, worker_pb2
 from meridian.v1.router_pb2 import Outcome
 from services.common import metric_names as mn
 from services.common.errors import (
-    MeridianError,
-    Unavailable,
     UpstreamTimeout,
     is_retryable_elsewhere,
 )
-from services.common.logs import event
 from services.common.tracecontext import inject_metadata
 from services.edge.context import Reroute
 from services.edge.upstream.failover import (
@@ -35,6 +32,7 @@ from services.edge.upstream.failover import (
     FailoverPolicy,
     OutcomeSink,
     _stream_error,
+    over_candidates,
 )
 from services.edge.upstream.router_client import RouteResult
 from services.edge.upstream.worker_pool import WorkerPool
@@ -63,55 +61,31 @@ async def embed_with_failover(
     policy: FailoverPolicy,
     tracer: trace.Tracer,
 ) -> Embedded:
-    tried: list[str] = []
-    last_error: MeridianError | None = None
-    route = first_route
-    while True:
-        for cand in route.candidates:
-            if len(tried) >= policy.max_attempts:
-                break
-            if cand.worker_id in tried:
-                continue
-            tried.append(cand.worker_id)
-            attempt_id = request_id if len(tried) == 1 else f"{request_id}.{len(tried)}"
-            try:
-                resp = await _attempt(
-                    outcomes=outcomes,
-                    workers=workers,
-                    cand=cand,
-                    decision_id=route.decision_id,
-                    request=build(attempt_id, route.decision_id),
-                    policy=policy,
-                    attempts=len(tried),
-                    tracer=tracer,
-                )
-                return Embedded(resp, cand, len(tried))
-            except MeridianError as err:
-                if not is_retryable_elsewhere(err):
-                    raise
-                last_error = err
-                event(
-                    log,
-                    "attempt.failed",
-                    level=logging.WARNING,
-                    request_id=request_id,
-                    worker_id=cand.worker_id,
-                    region=cand.region,
-                    error=err.message,
-                )
-        if not policy.reroute or len(tried) >= policy.max_attempts:
-            break
-        try:
-            route = await reroute(tuple(tried))
-        except MeridianError as err:
-            last_error = last_error or err
-            break
-        if not route.candidates:
-            break
-    raise Unavailable(
-        "no worker could embed this request"
-        + (f"; last error: {last_error.message}" if last_error else ""),
-        retry_after_s=1.0,
+    """One Embed call on the first candidate that answers, with the chat path's failover
+    (:func:`~services.edge.upstream.failover.over_candidates`)."""
+
+    async def attempt(
+        cand: router_pb2.Candidate, attempt_id: str, decision_id: str, attempts: int
+    ) -> Embedded:
+        resp = await _attempt(
+            outcomes=outcomes,
+            workers=workers,
+            cand=cand,
+            decision_id=decision_id,
+            request=build(attempt_id, decision_id),
+            policy=policy,
+            attempts=attempts,
+            tracer=tracer,
+        )
+        return Embedded(resp, cand, attempts)
+
+    return await over_candidates(
+        first_route=first_route,
+        reroute=reroute,
+        request_id=request_id,
+        policy=policy,
+        attempt=attempt,
+        what="embed this request",
     )
 
 

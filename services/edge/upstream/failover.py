@@ -22,9 +22,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import grpc
 from opentelemetry import trace
@@ -46,6 +46,8 @@ from services.common.tracecontext import inject_metadata
 from services.edge.context import Reroute
 from services.edge.upstream.router_client import RouteResult
 from services.edge.upstream.worker_pool import GenerateCall, WorkerPool
+
+T = TypeVar("T")
 
 log = logging.getLogger("meridian.edge.failover")
 
@@ -203,26 +205,21 @@ class OutcomeSink(Protocol):
 GenerateFactory = Callable[[str, str], worker_pb2.GenerateRequest]
 
 
-async def open_stream(
+async def over_candidates(
     *,
     first_route: RouteResult,
     reroute: Reroute,
-    outcomes: OutcomeSink,
-    workers: WorkerPool,
     request_id: str,
-    generate: GenerateFactory,
     policy: FailoverPolicy,
-    tracer: trace.Tracer | None = None,
-    choices: int = 1,
-) -> UpstreamStream:
-    """Try candidates until one produces a first token; see the module docstring.
-
-    Flow is one way: the route stage's ranking comes in, new rankings come from ``reroute``
-    (never by editing a request someone else built), and each attempt gets a fresh Generate
-    request from ``generate`` — the first under ``request_id``, retries as
-    ``request_id.N``."""
-    tracer = tracer or _NO_TRACER
-    started = time.monotonic()
+    attempt: Callable[[router_pb2.Candidate, str, str, int], Awaitable[T]],
+    what: str,
+) -> T:
+    """The failover loop every endpoint shares: ``attempt(candidate, attempt_id,
+    decision_id, attempts)`` on each ranked candidate in turn (each worker once, at most
+    ``policy.max_attempts``), asking ``reroute`` for a new ranking without the tried workers
+    when a ranking runs out. An error another worker could avoid moves on to the next; any
+    other propagates. The first attempt runs under ``request_id``, retries as
+    ``request_id.N``. All tried: Unavailable, "no worker could {what}"."""
     tried: list[str] = []
     last_error: MeridianError | None = None
     route = first_route
@@ -235,19 +232,7 @@ async def open_stream(
             tried.append(cand.worker_id)
             attempt_id = request_id if len(tried) == 1 else f"{request_id}.{len(tried)}"
             try:
-                return await _attempt(
-                    outcomes=outcomes,
-                    workers=workers,
-                    cand=cand,
-                    decision_id=route.decision_id,
-                    generate=generate(attempt_id, route.decision_id),
-                    request_id=attempt_id,
-                    policy=policy,
-                    attempts=len(tried),
-                    started=started,
-                    tracer=tracer,
-                    choices=choices,
-                )
+                return await attempt(cand, attempt_id, route.decision_id, len(tried))
             except MeridianError as err:
                 if not is_retryable_elsewhere(err):
                     raise
@@ -271,9 +256,55 @@ async def open_stream(
         if not route.candidates:
             break
     raise Unavailable(
-        "no worker could start this request"
-        + (f"; last error: {last_error.message}" if last_error else ""),
+        f"no worker could {what}" + (f"; last error: {last_error.message}" if last_error else ""),
         retry_after_s=1.0,
+    )
+
+
+async def open_stream(
+    *,
+    first_route: RouteResult,
+    reroute: Reroute,
+    outcomes: OutcomeSink,
+    workers: WorkerPool,
+    request_id: str,
+    generate: GenerateFactory,
+    policy: FailoverPolicy,
+    tracer: trace.Tracer | None = None,
+    choices: int = 1,
+) -> UpstreamStream:
+    """Try candidates until one produces a first token; see the module docstring.
+
+    Flow is one way: the route stage's ranking comes in, new rankings come from ``reroute``
+    (never by editing a request someone else built), and each attempt gets a fresh Generate
+    request from ``generate`` — the first under ``request_id``, retries as
+    ``request_id.N`` (:func:`over_candidates`)."""
+    started = time.monotonic()
+
+    def attempt(
+        cand: router_pb2.Candidate, attempt_id: str, decision_id: str, attempts: int
+    ) -> Awaitable[UpstreamStream]:
+        return _attempt(
+            outcomes=outcomes,
+            workers=workers,
+            cand=cand,
+            decision_id=decision_id,
+            generate=generate(attempt_id, decision_id),
+            request_id=attempt_id,
+            policy=policy,
+            attempts=attempts,
+            started=started,
+            tracer=tracer or _NO_TRACER,
+            choices=choices,
+        )
+
+    return await over_candidates(
+        first_route=first_route,
+        reroute=reroute,
+        request_id=request_id,
+        policy=policy,
+        attempt=attempt,
+        what="start this request",
     )
 
 
