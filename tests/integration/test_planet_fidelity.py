@@ -9,7 +9,11 @@ the simulator as ``router.service_ms``, so what is compared is what the model cl
 predict: routing, network and engine queueing. Requests the machine held up (the one event
 loop every component shares here ran late while they waited) are left out of both sides;
 when more than a third were, the run measured the machine, and the test skips, naming the
-lag and the CPU wait. The full-size comparison, every profile: ``python -m bench.planet_fidelity``.
+lag and the CPU wait. A run that disagrees gets one more measurement (a fresh stack, the same
+arrivals): a shared CI machine can slow a whole run evenly, which the lag check cannot see,
+while a wrong model disagrees every time (+15 ms of modelled overhead: p50 +25 %; a wrong
+profile: a 30-point split). The full-size comparison, every profile:
+``python -m bench.planet_fidelity``.
 """
 
 from __future__ import annotations
@@ -24,11 +28,32 @@ from bench import routing_quality as rq
 pytestmark = pytest.mark.slow
 
 
+MEASUREMENTS = 2
+
+
+def _disagreement(c: dict[str, float]) -> str | None:
+    if abs(c["p50_error"]) > 0.15:
+        return f"p50 off by {c['p50_error']:+.0%}"
+    if abs(c["p99_error"]) > 0.15:
+        return f"p99 off by {c['p99_error']:+.0%}"
+    if c["split_points"] > 5.0:
+        return f"region split off by {c['split_points']:.1f} points"
+    return None
+
+
 def test_simulated_hotspot_agrees_with_the_real_stack(tmp_path: Path) -> None:
-    ck = pf.check(rq.plan(20.0, 8.0, 7), 8.0, "default", 7, tmp_path)
-    if ck.void:
-        pytest.skip(ck.void)
-    c = ck.comparison
-    assert abs(c["p50_error"]) <= 0.15, (ck.service_ms, c)
-    assert abs(c["p99_error"]) <= 0.15, (ck.service_ms, c)
-    assert c["split_points"] <= 5.0, (ck.service_ms, c)
+    seen: list[str] = []
+    for n in range(MEASUREMENTS):
+        work = tmp_path / f"run{n}"
+        work.mkdir()
+        ck = pf.check(rq.plan(20.0, 8.0, 7), 8.0, "default", 7, work)
+        if ck.void:
+            seen.append(f"void: {ck.void}")
+            continue
+        why = _disagreement(ck.comparison)
+        if why is None:
+            return
+        seen.append(f"{why} (service_ms {ck.service_ms}, {ck.comparison})")
+    if all(s.startswith("void") for s in seen):
+        pytest.skip("; ".join(seen))
+    pytest.fail("the simulator disagrees with the real stack: " + "; ".join(seen))
