@@ -32,48 +32,10 @@ from services.edge.render_completion import (
     completion_body,
 )
 from services.edge.stages.stream import ClientGone, Stream, _fingerprint, _route_headers
+from services.edge.upstream import protos
 from services.edge.upstream.failover import UpstreamStream, open_stream
 
 log = logging.getLogger("meridian.edge")
-
-
-def generate_request(
-    ctx: ChatContext, prompt: str | list[int], *, request_id: str, decision_id: str
-) -> worker_pb2.GenerateRequest:
-    """One prompt's Generate request: the raw prompt (no chat template), echo, sampling."""
-    body = ctx.completion
-    assert body is not None and ctx.principal is not None, "after authenticate and validate"
-    tenant = ctx.principal.tenant
-    req = worker_pb2.GenerateRequest(
-        request_id=request_id,
-        decision_id=decision_id,
-        model=body.model,
-        tenant_id=tenant.tenant_id,
-        priority=tenant.tier.priority(),
-        echo=body.echo,
-    )
-    if isinstance(prompt, str):
-        req.raw_prompt.text = prompt
-    else:
-        req.raw_prompt.token_ids.extend(prompt)
-    s = req.sampling
-    if body.temperature is not None:
-        s.temperature = body.temperature
-    if body.top_p is not None:
-        s.top_p = body.top_p
-    if body.max_tokens is not None:
-        s.max_tokens = body.max_tokens
-    s.stop.extend(body.stop_list())
-    if body.seed is not None:
-        s.seed = body.seed
-    if body.presence_penalty is not None:
-        s.presence_penalty = body.presence_penalty
-    if body.frequency_penalty is not None:
-        s.frequency_penalty = body.frequency_penalty
-    s.logprobs = body.logprobs is not None
-    s.top_logprobs = body.logprobs or 0
-    s.ignore_eos = body.ignore_eos
-    return req
 
 
 class _Choice:
@@ -154,7 +116,9 @@ class CompletionStream(Stream):
         base = ctx.request_id if single else f"{ctx.request_id}-{index}"
 
         def generate(request_id: str, decision_id: str) -> worker_pb2.GenerateRequest:
-            return generate_request(ctx, prompt, request_id=request_id, decision_id=decision_id)
+            return protos.completion_request(
+                ctx, prompt, request_id=request_id, decision_id=decision_id
+            )
 
         return asyncio.ensure_future(
             open_stream(

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from meridian.v1 import router_pb2, worker_pb2
 from services.common.jsonstruct import to_struct
 from services.edge.context import ChatContext
+from services.edge.openai_completions import CompletionRequest
 from services.edge.openai_types import (
     ChatCompletionRequest,
     JsonObjectFormat,
@@ -41,15 +42,8 @@ def generate_request(
     the attempt's own ``request_id`` (the worker aborts by it) and the router's
     ``decision_id`` (the worker echoes it in load reports)."""
     body = ctx.body
-    assert body is not None and ctx.principal is not None, "after authenticate and validate"
-    tenant = ctx.principal.tenant
-    req = worker_pb2.GenerateRequest(
-        request_id=request_id,
-        decision_id=decision_id,
-        model=body.model,
-        tenant_id=tenant.tenant_id,
-        priority=tenant.tier.priority(),
-    )
+    assert body is not None, "after validate"
+    req = _new_request(ctx, body.model, request_id=request_id, decision_id=decision_id)
     for m in body.messages:
         msg = req.messages.add(role=m.role, content=m.text(), name=m.name or "")
         if m.tool_calls:
@@ -63,20 +57,7 @@ def generate_request(
         if m.tool_call_id:
             msg.tool_call_id = m.tool_call_id
     s = req.sampling
-    if body.temperature is not None:
-        s.temperature = body.temperature
-    if body.top_p is not None:
-        s.top_p = body.top_p
-    max_tokens = body.effective_max_tokens()
-    if max_tokens is not None:
-        s.max_tokens = max_tokens
-    s.stop.extend(body.stop_list())
-    if body.seed is not None:
-        s.seed = body.seed
-    if body.presence_penalty is not None:
-        s.presence_penalty = body.presence_penalty
-    if body.frequency_penalty is not None:
-        s.frequency_penalty = body.frequency_penalty
+    _add_common_sampling(body, s, max_tokens=body.effective_max_tokens())
     s.logprobs = bool(body.logprobs)
     s.top_logprobs = body.top_logprobs or 0
     s.ignore_eos = body.ignore_eos
@@ -86,6 +67,64 @@ def generate_request(
     if body.tools or body.response_format is not None:
         _add_tools_and_format(body, req)
     return req
+
+
+def completion_request(
+    ctx: ChatContext, prompt: str | list[int], *, request_id: str, decision_id: str
+) -> worker_pb2.GenerateRequest:
+    """One prompt's Generate request for POST /v1/completions: the raw prompt (no chat
+    template), echo and the sampling options."""
+    body = ctx.completion
+    assert body is not None, "after validate"
+    req = _new_request(ctx, body.model, request_id=request_id, decision_id=decision_id)
+    req.echo = body.echo
+    if isinstance(prompt, str):
+        req.raw_prompt.text = prompt
+    else:
+        req.raw_prompt.token_ids.extend(prompt)
+    s = req.sampling
+    _add_common_sampling(body, s, max_tokens=body.max_tokens)
+    s.logprobs = body.logprobs is not None
+    s.top_logprobs = body.logprobs or 0
+    s.ignore_eos = body.ignore_eos
+    return req
+
+
+def _new_request(
+    ctx: ChatContext, model: str, *, request_id: str, decision_id: str
+) -> worker_pb2.GenerateRequest:
+    """The head every Generate request carries: ids, model, who asks and at what priority."""
+    assert ctx.principal is not None, "after authenticate"
+    tenant = ctx.principal.tenant
+    return worker_pb2.GenerateRequest(
+        request_id=request_id,
+        decision_id=decision_id,
+        model=model,
+        tenant_id=tenant.tenant_id,
+        priority=tenant.tier.priority(),
+    )
+
+
+def _add_common_sampling(
+    body: ChatCompletionRequest | CompletionRequest,
+    s: worker_pb2.SamplingParams,
+    *,
+    max_tokens: int | None,
+) -> None:
+    """The OpenAI sampling fields chat and completions share."""
+    if body.temperature is not None:
+        s.temperature = body.temperature
+    if body.top_p is not None:
+        s.top_p = body.top_p
+    if max_tokens is not None:
+        s.max_tokens = max_tokens
+    s.stop.extend(body.stop_list())
+    if body.seed is not None:
+        s.seed = body.seed
+    if body.presence_penalty is not None:
+        s.presence_penalty = body.presence_penalty
+    if body.frequency_penalty is not None:
+        s.frequency_penalty = body.frequency_penalty
 
 
 def _add_sampling_extensions(body: ChatCompletionRequest, s: worker_pb2.SamplingParams) -> None:
