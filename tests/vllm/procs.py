@@ -49,9 +49,15 @@ def start_vllm_worker(
     workdir: Path,
     extra: list[str] | None = None,
     listen_timeout_s: float = 120.0,
+    nice: int = 0,
 ) -> WorkerProcess:
     """``python -m services.worker --engine vllm`` with the CPU settings; returns once it listens
-    (the engine is still loading then)."""
+    (the engine is still loading then).
+
+    ``nice``: the worker's scheduling niceness, set before it spawns its engine core (which
+    inherits it). A test that must act *while* the worker generates (kill it mid-stream) runs
+    it at a lower priority than the test process, so that on a loaded 2-core host the engine's
+    busy cores cannot starve the edge and client until the whole stream is generated."""
     ready = workdir / "worker.ready"
     log = workdir / "worker.log"
     ready.unlink(missing_ok=True)
@@ -86,6 +92,8 @@ def start_vllm_worker(
         proc = subprocess.Popen(
             argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
+    if nice:
+        os.setpriority(os.PRIO_PROCESS, proc.pid, nice)
     deadline = time.monotonic() + listen_timeout_s
     while not ready.exists():
         if proc.poll() is not None or time.monotonic() > deadline:

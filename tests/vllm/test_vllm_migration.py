@@ -165,6 +165,7 @@ def workers(
                 served_name=PROC_MODEL,
                 workdir=tmp_path_factory.mktemp(name),
                 extra=["--worker-id", name, "--max-model-len", "512"],
+                nice=10,
             )
         yield started
     finally:
@@ -288,6 +289,7 @@ async def test_a_stream_that_cannot_move_ends_with_an_error_event_and_done(
     finally:
         await edge.stop()
     assert killed
+    assert not got.ok, f"the worker finished its {TOKENS} tokens before the kill landed: {got}"
     assert got.error is not None
     assert "migration is off" in got.error["message"]
     assert got.done
