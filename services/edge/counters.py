@@ -71,6 +71,10 @@ class EdgeCounters:
     embeddings: int = 0  # embeddings requests answered
     client_disconnects: int = 0
     stream_errors: int = 0
+    # Chunks held while a client was behind and sent inside another's SSE event
+    # (services/edge/chunk_merge.py), and the merged events that carried them.
+    chunks_merged: int = 0
+    merged_events: int = 0
     # Chat-completions breadth: requests that asked for each feature, and calls returned.
     tool_requests: int = 0
     structured_output_requests: int = 0

@@ -83,6 +83,7 @@ class GuardedRequestHandler(web.RequestHandler):
         self._header_timer: asyncio.TimerHandle | None = None
         self._in_request = False
         self._lingering = False
+        self._drain_waiters: list[asyncio.Future[None]] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         peer = transport.get_extra_info("peername")
@@ -104,7 +105,44 @@ class GuardedRequestHandler(web.RequestHandler):
         if self._registered:
             self._registered = False
             self._connections.release(self._ip)
+        self._wake_drain_waiters()  # their next write fails with the connection's error
         super().connection_lost(exc)
+
+    def resume_writing(self) -> None:
+        super().resume_writing()
+        self._wake_drain_waiters()
+
+    async def until_drained(self) -> None:
+        """Until every byte written so far has been handed to the kernel (the client caught
+        up), or the connection is gone. The stream stage waits on this while it holds tokens
+        for a client that is behind (services/edge/chunk_merge.py).
+
+        The transport only says so by resuming a paused writer, at its low-water mark: for
+        the wait its marks are 0/0 (paused while anything waits, resumed when nothing does),
+        then the defaults again."""
+        transport = self.transport
+        if transport is None or transport.is_closing() or not transport.get_write_buffer_size():
+            return
+        transport.set_write_buffer_limits(high=0, low=0)  # pauses us now: bytes are waiting
+        waiter: asyncio.Future[None] = self._loop.create_future()
+        try:
+            if not self.writing_paused:
+                return
+            self._drain_waiters.append(waiter)
+            await waiter
+        finally:
+            if not waiter.done():
+                waiter.cancel()
+            if waiter in self._drain_waiters:
+                self._drain_waiters.remove(waiter)  # cancelled: the next chunk came first
+            if not transport.is_closing():
+                transport.set_write_buffer_limits()
+
+    def _wake_drain_waiters(self) -> None:
+        waiters, self._drain_waiters = self._drain_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def data_received(self, data: bytes) -> None:
         if self._lingering:

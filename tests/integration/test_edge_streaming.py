@@ -8,6 +8,7 @@ import asyncio
 import json
 import os
 import signal
+import socket
 import sys
 from pathlib import Path
 
@@ -141,3 +142,103 @@ async def test_sigterm_drains_a_real_edge_process(
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+def dechunk(raw: bytes) -> bytes:
+    """The body of a chunked HTTP/1.1 response (``raw``: everything after the headers)."""
+    body = bytearray()
+    while raw:
+        size_line, _, raw = raw.partition(b"\r\n")
+        size = int(size_line, 16)
+        if size == 0:
+            break
+        body += raw[:size]
+        raw = raw[size + 2 :]
+    return bytes(body)
+
+
+def assemble(sse: bytes) -> tuple[str, list[str], dict[str, int], int]:
+    """(text, one logprob token per generated token, usage, content events) of an SSE body."""
+    text, tokens, usage, events = [], [], {}, 0
+    for frame in sse.decode().split("\n\n"):
+        if not frame.startswith("data: ") or frame == "data: [DONE]":
+            continue
+        payload = json.loads(frame[6:])
+        if payload.get("usage"):
+            usage = payload["usage"]
+        for choice in payload["choices"]:
+            piece = choice["delta"].get("content")
+            if piece:
+                events += 1
+                text.append(piece)
+            if choice.get("logprobs"):
+                tokens += [lp["token"] for lp in choice["logprobs"]["content"]]
+    return "".join(text), tokens, usage, events
+
+
+async def test_a_slow_reading_client_gets_every_token_in_order_when_chunks_are_merged(
+    stack: Stack,
+) -> None:
+    """A client that stops reading while the model writes fills its socket; the edge then
+    holds what arrives and sends it as fewer, fuller events when the client reads again. What
+    the client assembles — text, one logprob per token, usage — is what a client that kept
+    up gets for the same seeded request."""
+    body = {
+        "model": MODEL,
+        "messages": [{"role": "user", "content": "a long one"}],
+        "stream": True,
+        "stream_options": {"include_usage": True},
+        "max_tokens": 3000,
+        "ignore_eos": True,
+        "seed": 11,
+        "logprobs": True,
+        "top_logprobs": 20,  # large events: past what the kernel buffers take
+    }
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{stack.base_url}/chat/completions",
+            headers={"Authorization": f"Bearer {stack.key}"},
+            json=body,
+        ) as resp,
+    ):
+        assert resp.status == 200
+        reference = assemble(await resp.read())
+    assert stack.edge.counters.merged_events == 0  # a client that keeps up: nothing merged
+
+    port = int(stack.edge.url.rsplit(":", 1)[1])
+    payload = json.dumps(body).encode()
+    loop = asyncio.get_running_loop()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.setblocking(False)
+    await loop.sock_connect(sock, ("127.0.0.1", port))
+    await loop.sock_sendall(
+        sock,
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {stack.key}\r\nContent-Length: {len(payload)}\r\n".encode()
+        + b"Connection: close\r\n\r\n"
+        + payload,
+    )
+    raw = bytearray()
+    try:
+        # Not reading while the worker writes: the socket fills and the edge holds chunks.
+        await eventually(lambda: stack.edge.counters.chunks_merged >= 20, timeout_s=20.0)
+        while not raw.endswith(b"0\r\n\r\n"):
+            data = await loop.sock_recv(sock, 65536)
+            if not data:
+                break
+            raw += data
+    finally:
+        sock.close()
+    head, _, rest = bytes(raw).partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200")
+    got = assemble(dechunk(rest))
+    text, tokens, usage, events = got
+    assert usage == reference[2]
+    assert usage["completion_tokens"] == 3000
+    assert text == reference[0]
+    assert tokens == reference[1]  # every token's logprob, in order
+    assert len(tokens) == 3000
+    assert events < reference[3]  # fewer, fuller events
+    assert stack.edge.counters.merged_events >= 1

@@ -26,7 +26,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from typing import Any, Protocol
 
 from aiohttp import web
@@ -35,6 +35,7 @@ from opentelemetry import trace
 from meridian.v1 import worker_pb2
 from services.common.errors import MeridianError
 from services.common.logs import event
+from services.edge.chunk_merge import merge_while_behind
 from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
 from services.edge.migration.driver import MigratingStream
@@ -42,6 +43,7 @@ from services.edge.migration.policy import MigrationPolicy
 from services.edge.migration.refusal import migration_refusal
 from services.edge.observability import EdgeTelemetry
 from services.edge.openai_types import ChatCompletionRequest, now_s
+from services.edge.protocol import GuardedRequestHandler
 from services.edge.render import (
     FINISH_REASONS,
     SSE_DONE,
@@ -327,7 +329,7 @@ class Stream:
         try:
             for index in range(body.choices()):
                 await self._write(ctx, resp, render.role(index))
-            async with contextlib.aclosing(stream.chunks()) as chunks:
+            async with contextlib.aclosing(self._merged(ctx, stream.chunks())) as chunks:
                 async for chunk in chunks:
                     last = chunk
                     _track_usage(ctx, chunk)
@@ -373,16 +375,43 @@ class Stream:
             self._note_tool_calls(tool_calls)
         return resp
 
+    def _merged(
+        self, ctx: ChatContext, chunks: AsyncGenerator[worker_pb2.GenerateChunk, None]
+    ) -> AsyncGenerator[worker_pb2.GenerateChunk, None]:
+        """``chunks``, merged while the client is behind (services/edge/chunk_merge.py); as
+        they are on a connection that cannot say when it caught up (not the edge's own
+        protocol: an embedding app's)."""
+        transport = ctx.request.transport
+        protocol = ctx.request.protocol
+        if transport is None or not isinstance(protocol, GuardedRequestHandler):
+            return chunks
+        counters = self._counters
+
+        def behind() -> bool:
+            return transport.get_write_buffer_size() > 0
+
+        def merged(n: int) -> None:
+            counters.chunks_merged += n
+            counters.merged_events += 1
+
+        return merge_while_behind(
+            chunks, behind=behind, drained=protocol.until_drained, on_merged=merged
+        )
+
     async def _write(self, ctx: ChatContext, resp: web.StreamResponse, data: bytes) -> None:
         """One write, bounded in time: a client that stopped reading (or left) is cut off.
 
         A write can only wait when the socket's buffer is backed up (the client is not
-        reading); while it is not, the write returns at once and the timer — measurable per
-        token on the hot path — is skipped.
+        reading); while it is not, and this write will not back it up (a merged event can be
+        large), the write returns at once and the timer — measurable per token on the hot
+        path — is skipped.
         """
         transport = ctx.request.transport
         try:
-            if transport is not None and transport.get_write_buffer_size() < _BACKED_UP_BYTES:
+            if (
+                transport is not None
+                and transport.get_write_buffer_size() + len(data) < _BACKED_UP_BYTES
+            ):
                 await resp.write(data)
                 return
             async with asyncio.timeout(self._write_timeout_s):
