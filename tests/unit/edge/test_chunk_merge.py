@@ -67,6 +67,10 @@ class Client:
         self.caught_up = asyncio.Event()
 
 
+def received() -> list[worker_pb2.GenerateChunk]:
+    return []
+
+
 async def collect(
     gen: AsyncGenerator[worker_pb2.GenerateChunk, None], out: list[worker_pb2.GenerateChunk]
 ) -> None:
@@ -81,7 +85,7 @@ async def settle() -> None:
 
 
 async def test_a_client_that_keeps_up_gets_every_chunk_as_it_arrives() -> None:
-    source, client, out = Source(), Client(), []
+    source, client, out = Source(), Client(), received()
     merged: list[int] = []
     task = asyncio.create_task(
         collect(
@@ -108,7 +112,7 @@ async def test_a_client_that_keeps_up_gets_every_chunk_as_it_arrives() -> None:
 
 
 async def test_chunks_held_while_behind_go_out_as_one_when_the_client_catches_up() -> None:
-    source, client, out = Source(), Client(), []
+    source, client, out = Source(), Client(), received()
     merged: list[int] = []
     task = asyncio.create_task(
         collect(
@@ -145,7 +149,7 @@ async def test_chunks_held_while_behind_go_out_as_one_when_the_client_catches_up
 
 
 async def test_a_finish_chunk_is_sent_after_what_was_held_never_folded_into_it() -> None:
-    source, client, out = Source(), Client(), []
+    source, client, out = Source(), Client(), received()
     gen = merge_while_behind(source.chunks(), behind=client.behind, drained=client.drained)
     task = asyncio.create_task(collect(gen, out))
     client.is_behind = True
@@ -159,7 +163,7 @@ async def test_a_finish_chunk_is_sent_after_what_was_held_never_folded_into_it()
 
 
 async def test_tool_call_pieces_and_other_choices_pass_through_in_order() -> None:
-    source, client, out = Source(), Client(), []
+    source, client, out = Source(), Client(), received()
     gen = merge_while_behind(source.chunks(), behind=client.behind, drained=client.drained)
     task = asyncio.create_task(collect(gen, out))
     client.is_behind = True
@@ -180,7 +184,7 @@ async def test_tool_call_pieces_and_other_choices_pass_through_in_order() -> Non
 
 
 async def test_an_upstream_error_comes_after_every_held_token() -> None:
-    source, client, out = Source(), Client(), []
+    source, client, out = Source(), Client(), received()
     gen = merge_while_behind(source.chunks(), behind=client.behind, drained=client.drained)
     task = asyncio.create_task(collect(gen, out))
     client.is_behind = True
@@ -193,7 +197,7 @@ async def test_an_upstream_error_comes_after_every_held_token() -> None:
 
 
 async def test_cancelling_the_consumer_while_chunks_are_held_closes_the_source() -> None:
-    source, client, out = Source(), Client(), []
+    source, client, out = Source(), Client(), received()
     gen = merge_while_behind(source.chunks(), behind=client.behind, drained=client.drained)
     task = asyncio.create_task(collect(gen, out))
     client.is_behind = True
