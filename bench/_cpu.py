@@ -29,3 +29,14 @@ def cpu_seconds(roots: Sequence[int]) -> float:
         grew = bool(children)
         tree |= children
     return sum(used.get(pid, 0.0) for pid in tree)
+
+
+def own_cpu_seconds(pid: int) -> float:
+    """CPU time used so far by ``pid`` itself (all its threads, none of its children): what a
+    server's frontend costs, apart from an engine process it spawned. 0 once it is gone."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0.0
+    fields = stat[stat.rindex(")") + 2 :].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

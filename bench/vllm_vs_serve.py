@@ -33,6 +33,13 @@ figure the goal is judged on.
 Goal (issue 3): Meridian within 10 % of ``vllm serve`` on tokens/s and within 5 ms on TTFT
 p50, at concurrency 8.
 
+CPU per token (issue 15): each run also reads, from /proc, the CPU each of the system's own
+processes spent during the run — its *frontend* (HTTP, gRPC, scheduling, detokenising;
+Meridian's edge, router and worker processes; ``vllm serve``'s API server) — apart from the
+engine-core process each spawned, and prints frontend µs per delivered token, per process,
+and the per-pair meridian/vllm ratio. Unlike tokens/s, that ratio does not depend on how many
+cores the host has. Goal: ≤ 1 (Meridian's frontend no costlier than vLLM's own server).
+
 The router runs with ``--stale-after-ms 5000`` by default here, not its 600: on the project's
 2-core VMs a busy vLLM CPU engine delays the wake-ups of every other process on the machine by
 up to seconds (seen with ``vllm serve`` alone: a process sleeping 10 ms in a loop woke up to
@@ -59,7 +66,7 @@ from pathlib import Path
 import aiohttp
 import redis.asyncio as aioredis
 
-from bench._cpu import cpu_seconds
+from bench._cpu import cpu_seconds, own_cpu_seconds
 from services.common.clock import SYSTEM_CLOCK
 from services.common.net import free_port
 from services.edge.tenancy.apikeys import KeyHasher, load_pepper, new_pepper
@@ -95,6 +102,17 @@ class RequestRecord:
 class RunResult:
     records: list[RequestRecord] = field(default_factory=list)
     wall_s: float = 0.0
+    #: CPU seconds each of the system's processes spent itself during the run (its frontend:
+    #: HTTP, gRPC, detokenising; not the engine-core child), and its engine children.
+    frontend_cpu_s: dict[str, float] = field(default_factory=dict)
+    engine_cpu_s: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        return sum(r.tokens for r in self.records)
+
+    def frontend_us_per_token(self) -> float:
+        return sum(self.frontend_cpu_s.values()) / self.tokens * 1e6 if self.tokens else 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -106,6 +124,7 @@ class Endpoint:
     base_url: str  # ".../v1"
     api_key: str
     pids: tuple[int, ...] = ()  # the system's processes (their children are found in /proc)
+    names: tuple[str, ...] = ()  # one per pid: "edge", "router", "worker", "vllm-serve"
 
 
 # -- the client --------------------------------------------------------------------------------
@@ -254,7 +273,13 @@ async def meridian(
             await client.aclose()
         base = f"http://127.0.0.1:{e['port']}"
         await wait_http(f"{base}/readyz", procs, timeout_s=300)
-        yield Endpoint(f"{base}/v1", key, tuple(p.pid for p in procs if p.pid is not None))
+        started = [p for p in procs if p.pid is not None]
+        yield Endpoint(
+            f"{base}/v1",
+            key,
+            tuple(p.pid for p in started if p.pid is not None),
+            tuple(p.name for p in started),
+        )
     finally:
         for p in reversed(procs):
             await p.stop(grace_s=30)
@@ -291,7 +316,8 @@ async def vllm_serve(
         await server.start()
         base = f"http://127.0.0.1:{port}"
         await wait_http(f"{base}/v1/models", [server], timeout_s=300)
-        yield Endpoint(f"{base}/v1", "none", (server.pid,) if server.pid is not None else ())
+        pids = (server.pid,) if server.pid is not None else ()
+        yield Endpoint(f"{base}/v1", "none", pids, ("vllm-serve",) * len(pids))
     finally:
         await server.stop(grace_s=30)
 
@@ -407,17 +433,26 @@ async def interleaved(
         for name in order:
             idle = [n for n in names if n != name]
             idle_before = {n: cpu_seconds(endpoints[n].pids) for n in idle}
+            endpoint = endpoints[name]
+            own_before = [own_cpu_seconds(pid) for pid in endpoint.pids]
+            tree_before = cpu_seconds(endpoint.pids)
             run = await closed_loop(
-                endpoints[name],
+                endpoint,
                 concurrency=args.concurrency,
                 requests=args.requests,
                 tokens=args.tokens,
             )
+            own = [
+                own_cpu_seconds(pid) - b for pid, b in zip(endpoint.pids, own_before, strict=True)
+            ]
+            run.frontend_cpu_s = dict(zip(endpoint.names, own, strict=True))
+            run.engine_cpu_s = cpu_seconds(endpoint.pids) - tree_before - sum(own)
             idle_cpu = sum(cpu_seconds(endpoints[n].pids) - idle_before[n] for n in idle)
             runs[name].append(run)
             ttft = percentile([r.ttft_s * 1000 for r in run.records], 50)
             line.append(
                 f"{LABELS[name]} {run.tokens_per_s:.0f} tok/s TTFT p50 {ttft:.1f} ms "
+                f"frontend {run.frontend_us_per_token():.0f} µs/token "
                 f"(idle other: {idle_cpu:.2f} CPU s)"
             )
         print(f"  pair {pair + 1}: " + " | ".join(line), flush=True)
@@ -446,6 +481,30 @@ def pair_figures(runs: dict[str, list[RunResult]]) -> None:
         + ", ".join(f"{d:+.1f}" for d in deltas)
         + f" (median {statistics.median(deltas):+.1f})"
     )
+    cpu_ratios = [
+        m.frontend_us_per_token() / v.frontend_us_per_token()
+        for m, v in zip(runs["meridian"], runs["vllm"], strict=True)
+        if v.frontend_us_per_token()
+    ]
+    for name in ("meridian", "vllm"):
+        parts = {
+            proc: statistics.median(
+                r.frontend_cpu_s.get(proc, 0.0) / r.tokens * 1e6 for r in runs[name]
+            )
+            for proc in runs[name][0].frontend_cpu_s
+        }
+        engine = statistics.median(r.engine_cpu_s / r.tokens * 1e6 for r in runs[name])
+        split = ", ".join(f"{proc} {us:.0f}" for proc, us in parts.items())
+        print(
+            f"{LABELS[name]} frontend CPU µs/token (median run): {sum(parts.values()):.0f} "
+            f"({split}); engine core {engine:.0f}"
+        )
+    if cpu_ratios:
+        print(
+            "per pair, meridian/vllm frontend CPU per token: "
+            + ", ".join(f"{r:.2f}" for r in cpu_ratios)
+            + f" (median {statistics.median(cpu_ratios):.2f}; does not depend on the core count)"
+        )
     ratio = statistics.median(ratios)
     delta = statistics.median(deltas)
     print(
@@ -456,6 +515,12 @@ def pair_figures(runs: dict[str, list[RunResult]]) -> None:
         f"goal TTFT p50 within 5 ms of vllm serve: {delta:+.1f} ms "
         f"({'met' if delta <= 5.0 else 'missed'})"
     )
+    if cpu_ratios:
+        cpu = statistics.median(cpu_ratios)
+        print(
+            f"goal frontend CPU per token (edge + router + worker) <= vllm serve's: {cpu:.2f}x "
+            f"({'met' if cpu <= 1.0 else 'missed'})"
+        )
 
 
 async def main(args: argparse.Namespace) -> None:
