@@ -3,6 +3,7 @@ and what is divided among the processes."""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from services.edge.supervisor import (
     Child,
     Supervisor,
     SupervisorConfig,
+    cgroup_cpu_quota,
     offset_port,
     parse_workers,
     strip_workers,
@@ -74,3 +76,26 @@ def test_the_local_limit_share_is_divided_among_the_processes() -> None:
     single = config_from_args(build_parser().parse_args(BASE))
     assert single.ratelimit.local_share == 1.0
     assert not single.reuse_port
+
+
+def test_auto_honours_a_cgroup_v2_cpu_quota(tmp_path: Path) -> None:
+    (tmp_path / "cpu.max").write_text("150000 100000\n")  # 1.5 CPUs: two processes
+    assert cgroup_cpu_quota(tmp_path) == 1.5
+    assert usable_cpus(tmp_path) == min(2, len(os.sched_getaffinity(0)))
+
+
+def test_an_unlimited_or_missing_quota_leaves_the_affinity_mask(tmp_path: Path) -> None:
+    assert cgroup_cpu_quota(tmp_path) is None  # neither v2 nor v1 files
+    (tmp_path / "cpu.max").write_text("max 100000\n")
+    assert cgroup_cpu_quota(tmp_path) is None
+    assert usable_cpus(tmp_path) == len(os.sched_getaffinity(0))
+
+
+def test_auto_honours_a_cgroup_v1_cfs_quota(tmp_path: Path) -> None:
+    (tmp_path / "cpu").mkdir()
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("100000\n")
+    (tmp_path / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cgroup_cpu_quota(tmp_path) == 1.0
+    assert usable_cpus(tmp_path) == 1
+    (tmp_path / "cpu" / "cpu.cfs_quota_us").write_text("-1\n")
+    assert cgroup_cpu_quota(tmp_path) is None
