@@ -75,6 +75,13 @@ class EdgeCounters:
     # (services/edge/chunk_merge.py), and the merged events that carried them.
     chunks_merged: int = 0
     merged_events: int = 0
+    # The mux transport (services/edge/upstream/mux.py): GenerateMux calls opened and broken
+    # (the worker died or the connection dropped), frames read and the stream events in them
+    # (events per frame: how many streams one message served).
+    mux_calls_opened: int = 0
+    mux_calls_broken: int = 0
+    mux_frames: int = 0
+    mux_events: int = 0
     # Chat-completions breadth: requests that asked for each feature, and calls returned.
     tool_requests: int = 0
     structured_output_requests: int = 0

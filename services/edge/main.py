@@ -37,6 +37,7 @@ from services.edge.tls import TlsConfig, server_context
 from services.edge.upstream.failover import FailoverPolicy
 from services.edge.upstream.resilient_router import ViewConfig
 from services.edge.upstream.router_client import RouterClient
+from services.edge.upstream.worker_pool import WORKER_TRANSPORTS
 from services.edge.web.config import WebConfig, parse_place
 
 log = logging.getLogger("meridian.edge")
@@ -140,6 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--view-refresh-s", type=_positive, default=2.0)
     u.add_argument("--view-max-age-s", type=_positive, default=300.0)
     u.add_argument("--drain-grace-s", type=_positive, default=10.0)
+    u.add_argument(
+        "--worker-transport",
+        choices=WORKER_TRANSPORTS,
+        default="call",
+        help="token streams to workers: one Generate call each (call), or all of a worker's "
+        "over one GenerateMux call, one message per engine step (mux)",
+    )
     m = p.add_argument_group(
         "mid-stream migration (a stream whose worker breaks continues on another worker)"
     )
@@ -263,6 +271,7 @@ def config_from_args(args: argparse.Namespace) -> EdgeConfig:
             max_attempts=args.max_attempts, first_token_timeout_s=args.first_token_timeout_s
         ),
         migration=_migration_policy(args),
+        worker_transport=args.worker_transport,
         drain_grace_s=args.drain_grace_s,
         web=_web_config(args),
         reuse_port=args.process_count > 1,

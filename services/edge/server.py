@@ -47,7 +47,7 @@ from services.edge.tls import TlsConfig, server_context
 from services.edge.upstream.failover import FailoverPolicy
 from services.edge.upstream.resilient_router import ResilientRouter, ViewConfig
 from services.edge.upstream.router_client import RouterClient
-from services.edge.upstream.worker_pool import WorkerPool
+from services.edge.upstream.worker_pool import WorkerPool, WorkerTransport
 from services.edge.web.assets import AssetStore
 from services.edge.web.config import WebConfig
 from services.edge.web.feed import FleetHub
@@ -74,6 +74,9 @@ class EdgeConfig:
     failover: FailoverPolicy = field(default_factory=FailoverPolicy)
     #: Mid-stream migration (services/edge/migration/): on, bounded, by default.
     migration: MigrationPolicy = field(default_factory=MigrationPolicy)
+    #: How token streams reach workers: one Generate call each, or all of a worker's over
+    #: one GenerateMux call (services/edge/upstream/worker_pool.py).
+    worker_transport: WorkerTransport = "call"
     keepalive_after_s: float = 3.0
     drain_grace_s: float = 10.0
     #: Listen with SO_REUSEPORT: one of several edge processes on one port
@@ -162,7 +165,7 @@ class EdgeServer:
             auth=self.auth,
             limiter=self.limiter,
             router=self.router,
-            workers=workers or WorkerPool(),
+            workers=workers or WorkerPool(config.worker_transport, self.counters),
             counters=self.counters,
             lifecycle=Lifecycle(),
             connections=Occupancy(

@@ -31,6 +31,7 @@ from services.worker import convert
 from services.worker.admissions import AdmissionLog
 from services.worker.choices import UsageTotals, choice_requests, interleave
 from services.worker.engine import Engine, EngineOutput, FinishReason, ModelState
+from services.worker.mux import MuxSession
 from services.worker.observability import WorkerTelemetry
 
 log = logging.getLogger("meridian.worker")
@@ -233,6 +234,15 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                     ttft_ms=None if first_at is None else round((first_at - arrived) * 1000, 2),
                     duration_ms=round((time.monotonic() - arrived) * 1000, 2),
                 )
+
+    async def GenerateMux(
+        self,
+        requests: AsyncIterator[worker_pb2.MuxRequest],
+        context: grpc.aio.ServicerContext[Any, Any],
+    ) -> None:
+        """Many Generate streams over one call (services/worker/mux.py): each runs
+        :meth:`Generate` unchanged; their chunks share one message per turn of the loop."""
+        await MuxSession(self.Generate, context).serve(requests)  # type: ignore[arg-type]
 
     async def Embed(
         self,

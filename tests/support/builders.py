@@ -6,6 +6,7 @@ Short names on purpose (``w("kr-1", rtt_ms=4.0)``): tests are tables of these.
 
 from __future__ import annotations
 
+import os
 import random
 from collections.abc import Sequence
 from typing import Any
@@ -62,8 +63,10 @@ def profile(
 
 def edge_config(**over: Any) -> EdgeConfig:
     """A test edge: free ports, plain HTTP, an admin API with the test token, a patient
-    first-token timeout; any field overridden."""
+    first-token timeout; any field overridden. ``MERIDIAN_TEST_WORKER_TRANSPORT=mux`` runs
+    every test edge's streams over GenerateMux (the suite then proves that transport too)."""
     fields: dict[str, Any] = {
+        "worker_transport": os.environ.get("MERIDIAN_TEST_WORKER_TRANSPORT", "call"),
         "port": 0,
         "site": "test",
         "plain_http": True,

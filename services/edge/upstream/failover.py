@@ -45,7 +45,7 @@ from services.common.logs import event
 from services.common.tracecontext import inject_metadata
 from services.edge.context import Reroute
 from services.edge.upstream.router_client import RouteResult
-from services.edge.upstream.worker_pool import GenerateCall, WorkerPool
+from services.edge.upstream.worker_pool import TokenCall, WorkerPool
 
 T = TypeVar("T")
 
@@ -72,7 +72,7 @@ class UpstreamStream:
     def __init__(
         self,
         *,
-        call: GenerateCall,
+        call: TokenCall,
         first: worker_pb2.GenerateChunk,
         request_id: str,
         candidate: router_pb2.Candidate,

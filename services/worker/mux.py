@@ -1,0 +1,198 @@
+"""The worker's side of ``GenerateMux``: many Generate streams over one call from an edge.
+
+Why: on the one-call-per-stream path every token is its own gRPC message, and in Python a
+message costs tens of microseconds of CPU at each end (grpc-aio's poller thread waking the
+event loop, the Cython call path, a write), far more than the token's own work. Here every
+stream that produced output during one turn of the event loop goes out in one ``MuxFrame``:
+with vLLM, whose engine step hands every running request its tokens at once, that is one
+message per engine step however many streams are running.
+
+Each stream runs the unchanged ``Generate`` handler (admission, engine, telemetry, drain and
+hand-off) with a :class:`StreamContext` standing in for gRPC's: its metadata is the open
+message's, and where ``Generate`` would abort the call, the stream ends with a ``MuxEnd``
+carrying the same status and trailers. A cancel message cancels the stream's task, as gRPC
+cancels a handler whose call was cancelled.
+
+Flow control per stream: a stream may have ``window`` chunks sent and not yet consumed by the
+edge (credit messages grant more). A stream out of credit stops pulling from the engine, whose
+output for it then merges until the edge reads again — one slow client slows only its own
+stream, never the call that all the others share.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncGenerator, AsyncIterator, Callable
+from typing import Any, NoReturn
+
+import grpc
+
+from meridian.v1 import worker_pb2
+from services.common.logs import event
+
+log = logging.getLogger("meridian.worker.mux")
+
+#: Chunks in flight per stream when the edge's open message names none.
+DEFAULT_WINDOW = 256
+#: Events in one frame at most (a frame stays far below the 4 MiB message limit).
+MAX_EVENTS_PER_FRAME = 512
+
+Handler = Callable[
+    [worker_pb2.GenerateRequest, Any], AsyncGenerator[worker_pb2.GenerateChunk, None]
+]
+
+
+class StreamAborted(Exception):
+    """``Generate`` ended its stream with an error status (what ``context.abort`` raises)."""
+
+    def __init__(self, code: grpc.StatusCode, details: str, trailers: dict[str, str]) -> None:
+        super().__init__(details)
+        self.code = code
+        self.details = details
+        self.trailers = trailers
+
+
+class StreamContext:
+    """What ``Generate`` uses of a ``grpc.aio.ServicerContext``, for one multiplexed stream."""
+
+    def __init__(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._metadata = metadata
+        self._trailers: dict[str, str] = {}
+
+    def invocation_metadata(self) -> tuple[tuple[str, str], ...]:
+        return self._metadata
+
+    def set_trailing_metadata(self, metadata: tuple[tuple[str, str], ...]) -> None:
+        self._trailers = dict(metadata)
+
+    async def abort(self, code: grpc.StatusCode, details: str = "", *_: Any) -> NoReturn:
+        raise StreamAborted(code, details, self._trailers)
+
+
+class _Stream:
+    __slots__ = ("credit", "has_credit", "task")
+
+    def __init__(self, window: int) -> None:
+        self.credit = window
+        self.has_credit = asyncio.Event()
+        self.has_credit.set()
+        self.task: asyncio.Task[None] | None = None
+
+    def grant(self, n: int) -> None:
+        self.credit += n
+        if self.credit > 0:
+            self.has_credit.set()
+
+    async def spend(self) -> None:
+        """One chunk's credit; waits while there is none."""
+        while self.credit <= 0:
+            self.has_credit.clear()
+            await self.has_credit.wait()
+        self.credit -= 1
+
+
+class MuxSession:
+    """One ``GenerateMux`` call: reads open/cancel/credit messages, runs each stream, and
+    writes what the streams produced, one frame per turn of the event loop."""
+
+    def __init__(self, handler: Handler, context: grpc.aio.ServicerContext[Any, Any]) -> None:
+        self._handler = handler
+        self._context = context
+        self._streams: dict[int, _Stream] = {}
+        self._frames: list[worker_pb2.MuxFrame] = []  # written in order; the last one fills
+        self._wake = asyncio.Event()
+        self._closed = False
+        self.frames = 0
+        self.events = 0
+
+    async def serve(self, requests: AsyncIterator[worker_pb2.MuxRequest]) -> None:
+        writer = asyncio.create_task(self._write_frames())
+        try:
+            async for request in requests:
+                self._apply(request)
+        except (grpc.aio.AioRpcError, asyncio.CancelledError):
+            pass  # the edge went away: its streams end with the call
+        finally:
+            self._closed = True
+            tasks = [s.task for s in self._streams.values() if s.task is not None]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            writer.cancel()
+            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                await writer
+            event(log, "mux.closed", frames=self.frames, events=self.events)
+
+    def _apply(self, request: worker_pb2.MuxRequest) -> None:
+        op = request.WhichOneof("op")
+        if op == "open":
+            if request.stream_id in self._streams:
+                self._emit_end(
+                    request.stream_id,
+                    grpc.StatusCode.INVALID_ARGUMENT,
+                    f"stream_id {request.stream_id} is already open on this call",
+                    {},
+                )
+                return
+            stream = _Stream(request.open.window or DEFAULT_WINDOW)
+            self._streams[request.stream_id] = stream
+            stream.task = asyncio.create_task(self._run(request.stream_id, request.open, stream))
+        elif op == "cancel":
+            live = self._streams.get(request.stream_id)
+            if live is not None and live.task is not None:
+                live.task.cancel()
+        elif op == "credit":
+            live = self._streams.get(request.stream_id)
+            if live is not None:
+                live.grant(request.credit)
+
+    async def _run(self, stream_id: int, open_: worker_pb2.MuxOpen, stream: _Stream) -> None:
+        context = StreamContext(tuple(open_.metadata.items()))
+        try:
+            async with contextlib.aclosing(self._handler(open_.request, context)) as chunks:
+                async for chunk in chunks:
+                    await stream.spend()
+                    self._event(stream_id).chunk.CopyFrom(chunk)
+            self._emit_end(stream_id, grpc.StatusCode.OK, "", {})
+        except StreamAborted as aborted:
+            self._emit_end(stream_id, aborted.code, aborted.details, aborted.trailers)
+        except asyncio.CancelledError:
+            pass  # cancelled by the edge (or the call ended): it expects nothing more
+        except Exception as err:
+            log.exception("mux stream %d failed", stream_id)
+            self._emit_end(stream_id, grpc.StatusCode.INTERNAL, f"worker error: {err}", {})
+        finally:
+            self._streams.pop(stream_id, None)
+
+    def _event(self, stream_id: int) -> worker_pb2.MuxEvent:
+        """A new event for ``stream_id`` in the frame being filled (built in place: the
+        chunk is copied once, into the frame that is written)."""
+        frames = self._frames
+        if not frames or len(frames[-1].events) >= MAX_EVENTS_PER_FRAME:
+            frames.append(worker_pb2.MuxFrame())
+        self._wake.set()
+        item: worker_pb2.MuxEvent = frames[-1].events.add(stream_id=stream_id)
+        return item
+
+    def _emit_end(
+        self, stream_id: int, code: grpc.StatusCode, details: str, trailers: dict[str, str]
+    ) -> None:
+        end = self._event(stream_id).end
+        end.code = code.value[0]
+        end.details = details
+        end.trailers.update(trailers)
+
+    async def _write_frames(self) -> None:
+        """One frame per wake-up with everything pending: the streams that produced output
+        in the same turn of the loop share it, and while a write waits (the edge is behind)
+        the next frame grows instead of the message count."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._frames:
+                frame = self._frames.pop(0)
+                self.frames += 1
+                self.events += len(frame.events)
+                await self._context.write(frame)

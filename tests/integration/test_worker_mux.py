@@ -1,0 +1,224 @@
+"""GenerateMux: every stream to a worker over one gRPC call, over real sockets.
+
+The whole integration suite also runs over it with ``MERIDIAN_TEST_WORKER_TRANSPORT=mux``;
+these tests pin what only this transport has: many streams per message, per-stream flow
+control (a stream nobody reads does not hold up the others), the same errors as Generate,
+cancellation as a message, every stream failing over when the call breaks, and older workers
+used over Generate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import grpc
+import pytest
+
+from meridian.v1 import worker_pb2
+from services.common.errors import Unavailable
+from services.edge.counters import EdgeCounters
+from services.edge.upstream.mux import WINDOW
+from services.edge.upstream.worker_pool import TokenCall, WorkerPool
+from services.worker.service import WorkerService
+from services.worker.sim import SimConfig, SimEngine
+from tests.support.inproc import RunningWorker, start_worker
+
+MODEL = "meridian-sim"
+
+
+def request(i: int, *, tokens: int = 40, model: str = MODEL) -> worker_pb2.GenerateRequest:
+    return worker_pb2.GenerateRequest(
+        request_id=f"mux-{i}",
+        model=model,
+        messages=[worker_pb2.ChatMessage(role="user", content=f"stream {i}")],
+        sampling=worker_pb2.SamplingParams(max_tokens=tokens, ignore_eos=True, seed=i),
+    )
+
+
+async def drain(call: TokenCall) -> tuple[str, list[int], worker_pb2.GenerateChunk]:
+    """Every chunk of a stream: its text, token ids and last chunk."""
+    text: list[str] = []
+    ids: list[int] = []
+    last = worker_pb2.GenerateChunk()
+    while True:
+        chunk = await call.read()
+        if chunk is grpc.aio.EOF:
+            return "".join(text), ids, last
+        text.append(chunk.text)
+        ids.extend(chunk.token_ids)
+        last = chunk
+
+
+@pytest.fixture
+async def worker() -> AsyncIterator[RunningWorker]:
+    engine = SimEngine(SimConfig(models=(MODEL,), time_scale=0.05, max_num_seqs=64))
+    running = await start_worker(engine, worker_id="kr-1", region="kr")
+    yield running
+    await running.stop()
+
+
+@pytest.fixture
+async def pools() -> AsyncIterator[tuple[WorkerPool, WorkerPool, EdgeCounters]]:
+    counters = EdgeCounters()
+    mux, call = WorkerPool("mux", counters), WorkerPool("call")
+    yield mux, call, counters
+    await mux.close()
+    await call.close()
+
+
+async def test_streams_over_one_call_are_what_generate_calls_give(
+    worker: RunningWorker, pools: tuple[WorkerPool, WorkerPool, EdgeCounters]
+) -> None:
+    mux, direct, counters = pools
+    n = 16
+    expected = await asyncio.gather(
+        *(drain(direct.generate(worker.address, request(i), timeout_s=None)) for i in range(n))
+    )
+    got = await asyncio.gather(
+        *(drain(mux.generate(worker.address, request(i), timeout_s=None)) for i in range(n))
+    )
+    for (text, ids, last), (want_text, want_ids, want_last) in zip(got, expected, strict=True):
+        assert text == want_text
+        assert ids == want_ids
+        assert last.finish_reason == want_last.finish_reason == worker_pb2.FINISH_REASON_LENGTH
+        assert last.usage == want_last.usage
+    assert counters.mux_calls_opened == 1  # one call carried all sixteen
+    tokens = sum(len(ids) for _, ids, _ in got)
+    assert counters.mux_events >= tokens // 2  # merged chunks aside, an event per output
+    assert counters.mux_frames < counters.mux_events  # streams shared frames
+    assert worker.engine.load().running == 0
+
+
+async def test_a_stream_nobody_reads_waits_at_the_worker_and_holds_up_no_other(
+    worker: RunningWorker, pools: tuple[WorkerPool, WorkerPool, EdgeCounters]
+) -> None:
+    mux, _, _ = pools
+    stalled = mux.generate(worker.address, request(1, tokens=4 * WINDOW), timeout_s=None)
+    first = await stalled.read()  # then never read again: its credit runs out
+    assert first is not grpc.aio.EOF
+    _, ids, last = await asyncio.wait_for(
+        drain(mux.generate(worker.address, request(2, tokens=3 * WINDOW), timeout_s=None)),
+        timeout=30.0,
+    )
+    assert len(ids) == 3 * WINDOW
+    assert last.finish_reason == worker_pb2.FINISH_REASON_LENGTH
+    # The stalled one still has everything, in order, when its reader comes back.
+    _, rest_ids, rest_last = await asyncio.wait_for(drain(stalled), timeout=30.0)
+    assert len(first.token_ids) + len(rest_ids) == 4 * WINDOW
+    assert rest_last.usage.completion_tokens == 4 * WINDOW
+
+
+async def test_a_worker_error_ends_the_stream_with_the_status_generate_would_give(
+    worker: RunningWorker, pools: tuple[WorkerPool, WorkerPool, EdgeCounters]
+) -> None:
+    mux, direct, _ = pools
+    errors = []
+    for pool in (direct, mux):
+        call = pool.generate(worker.address, request(3, model="no-such-model"), timeout_s=None)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await call.read()
+        errors.append(info.value)
+    want, got = errors
+    assert got.code() == want.code() == grpc.StatusCode.NOT_FOUND
+    assert got.details() == want.details()
+    assert dict(got.trailing_metadata()) == dict(want.trailing_metadata())
+    # The call itself lives on: the next stream on it is served.
+    _, ids, _ = await drain(mux.generate(worker.address, request(4), timeout_s=None))
+    assert len(ids) == 40
+
+
+async def test_a_draining_worker_refuses_a_new_stream_as_it_refuses_a_generate_call(
+    worker: RunningWorker, pools: tuple[WorkerPool, WorkerPool, EdgeCounters]
+) -> None:
+    mux, _, _ = pools
+    await drain(mux.generate(worker.address, request(5), timeout_s=None))  # call is open
+    draining = asyncio.create_task(worker.service.drain(0.5))
+    await asyncio.sleep(0.05)
+    call = mux.generate(worker.address, request(6), timeout_s=None)
+    with pytest.raises(grpc.aio.AioRpcError) as info:
+        await call.read()
+    assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+    assert info.value.trailing_metadata()  # a refusal (trailers), not a lost connection
+    assert "draining" in (info.value.details() or "")
+    await draining
+    assert isinstance(Unavailable("x"), Unavailable)
+
+
+async def test_cancelling_a_stream_aborts_its_generation_and_only_it(
+    worker: RunningWorker, pools: tuple[WorkerPool, WorkerPool, EdgeCounters]
+) -> None:
+    mux, _, _ = pools
+    doomed = mux.generate(worker.address, request(7, tokens=8_000), timeout_s=None)
+    await doomed.read()
+    survivor = mux.generate(worker.address, request(8, tokens=200), timeout_s=None)
+    await survivor.read()
+    assert worker.engine.load().running == 2
+    assert doomed.cancel()
+    assert doomed.done()
+    for _ in range(200):
+        if worker.engine.load().running == 1:
+            break
+        await asyncio.sleep(0.01)
+    assert worker.engine.load().running == 1  # the cancel message aborted it at the engine
+    _, ids, last = await drain(survivor)
+    assert last.usage.completion_tokens == 200
+    assert len(ids) >= 1
+
+
+async def test_when_the_call_breaks_every_stream_on_it_fails_like_a_broken_generate_call(
+    pools: tuple[WorkerPool, WorkerPool, EdgeCounters],
+) -> None:
+    mux, _, counters = pools
+    engine = SimEngine(SimConfig(models=(MODEL,), time_scale=0.05, max_num_seqs=64))
+    doomed = await start_worker(engine, worker_id="kr-2", region="kr")
+    calls = [
+        mux.generate(doomed.address, request(i, tokens=8_000), timeout_s=None) for i in range(5)
+    ]
+    for call in calls:
+        await call.read()
+    await doomed.die()
+    for call in calls:
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await drain(call)
+        # What the edge reads as "lost the connection mid-stream": the stream migrates.
+        assert info.value.code() == grpc.StatusCode.UNAVAILABLE
+        assert not info.value.trailing_metadata()
+    assert counters.mux_calls_broken == 1
+
+
+def old_worker_handlers(service: WorkerService) -> grpc.GenericRpcHandler:
+    """A worker from before GenerateMux: its Worker service has Generate and nothing else, so
+    gRPC itself answers UNIMPLEMENTED for GenerateMux."""
+    generate = grpc.unary_stream_rpc_method_handler(
+        service.Generate,
+        request_deserializer=worker_pb2.GenerateRequest.FromString,
+        response_serializer=worker_pb2.GenerateChunk.SerializeToString,
+    )
+    return grpc.method_handlers_generic_handler("meridian.v1.Worker", {"Generate": generate})
+
+
+async def test_a_worker_without_generate_mux_is_used_over_generate(
+    pools: tuple[WorkerPool, WorkerPool, EdgeCounters],
+) -> None:
+    mux, _, counters = pools
+    engine = SimEngine(SimConfig(models=(MODEL,), time_scale=0.05))
+    await engine.start()
+    server = grpc.aio.server()
+    server.add_generic_rpc_handlers(
+        (old_worker_handlers(WorkerService(engine=engine, worker_id="old-1", region="kr")),)
+    )
+    port = server.add_insecure_port("127.0.0.1:0")
+    await server.start()
+    try:
+        address = f"127.0.0.1:{port}"
+        first = await asyncio.gather(
+            *(drain(mux.generate(address, request(i), timeout_s=None)) for i in range(3))
+        )  # opened on GenerateMux, answered UNIMPLEMENTED, carried on as Generate calls
+        assert all(len(ids) == 40 for _, ids, _ in first)
+        _, ids, _ = await drain(mux.generate(address, request(9), timeout_s=None))
+        assert len(ids) == 40
+        assert counters.mux_calls_opened == 1  # not retried for every stream
+    finally:
+        await server.stop(None)
+        await engine.shutdown()
