@@ -50,6 +50,7 @@ import sys
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
 from multiprocessing.queues import Queue
 from typing import Any
 
@@ -368,14 +369,15 @@ class Framing:
         )
 
 
-def serve_process(step: bool, seed: int, ports: Queue[int]) -> None:
+def serve_process(step: bool, seed: int, ports: Connection) -> None:
     async def serve() -> None:
         engine = Engine(asyncio.get_running_loop(), step, seed)
         server = new_server()
         server.add_generic_rpc_handlers((Framing(engine).handler(),))
         port = server.add_insecure_port("127.0.0.1:0")
         await server.start()
-        ports.put(port)
+        ports.send(port)  # a pipe, not a Queue: no feeder thread left in the process
+        ports.close()
         await server.wait_for_termination()
 
     uvloop.run(serve())
@@ -389,11 +391,12 @@ class Discard(asyncio.Protocol):
         pass
 
 
-def sink_process(ports: Queue[int]) -> None:
+def sink_process(ports: Connection) -> None:
     async def serve() -> None:
         loop = asyncio.get_running_loop()
         server = await loop.create_server(Discard, "127.0.0.1", 0, backlog=1024)
-        ports.put(server.sockets[0].getsockname()[1])
+        ports.send(server.sockets[0].getsockname()[1])
+        ports.close()
         await asyncio.Event().wait()
 
     uvloop.run(serve())
@@ -606,19 +609,26 @@ def pct(ordered: Sequence[int], q: float) -> float:
 # --- orchestration ------------------------------------------------------------------------
 
 
+def recv(conn: Connection, timeout_s: float) -> int:
+    if not conn.poll(timeout_s):
+        raise TimeoutError(f"a benchmark process did not start within {timeout_s:g} s")
+    port: int = conn.recv()
+    return port
+
+
 def run_one(
     variant: str, streams: int, opts: argparse.Namespace, sink_port: int, seed: int
 ) -> dict[str, Any]:
     ctx = multiprocessing.get_context("spawn")
-    ports: Queue[int] = ctx.Queue()
+    ports, ports_in = ctx.Pipe(duplex=False)
     results: Queue[dict[str, Any]] = ctx.Queue()
     server = ctx.Process(
-        target=serve_process, args=(variant in STEP_CLOCK, seed, ports), daemon=True
+        target=serve_process, args=(variant in STEP_CLOCK, seed, ports_in), daemon=True
     )
     server.start()
     client = None
     try:
-        port = ports.get(timeout=60)
+        port = recv(ports, 60)
         assert server.pid is not None
         args = ClientArgs(
             variant=variant,
@@ -673,10 +683,10 @@ def main(argv: list[str] | None = None) -> int:
     sink = None
     sink_port = 0
     if opts.sink:
-        sink_ports: Queue[int] = ctx.Queue()
-        sink = ctx.Process(target=sink_process, args=(sink_ports,), daemon=True)
+        sink_ports, sink_ports_in = ctx.Pipe(duplex=False)
+        sink = ctx.Process(target=sink_process, args=(sink_ports_in,), daemon=True)
         sink.start()
-        sink_port = sink_ports.get(timeout=60)
+        sink_port = recv(sink_ports, 60)
     runs: dict[tuple[str, int], list[dict[str, Any]]] = {}
     try:
         cells = [(v, s) for s in opts.streams for v in opts.variants]
