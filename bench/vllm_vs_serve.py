@@ -62,6 +62,7 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import aiohttp
 import redis.asyncio as aioredis
@@ -193,7 +194,7 @@ async def closed_loop(
 
 @contextlib.asynccontextmanager
 async def meridian(
-    model_dir: Path, workdir: Path, *, stale_after_ms: int
+    model_dir: Path, workdir: Path, *, stale_after_ms: int, worker_transport: str = "call"
 ) -> AsyncIterator[Endpoint]:
     """Redis, one vLLM worker, the router and the edge, as ``make run ENGINE=vllm`` starts
     them, minus the delay proxy (no network distance to add here).
@@ -260,6 +261,8 @@ async def meridian(
             f"127.0.0.1:{r['port']}",
             "--key-pepper-file",
             str(pepper),
+            "--worker-transport",
+            worker_transport,
         )
         await edge.start()
         e = await edge.wait_ready(30)
@@ -338,8 +341,13 @@ async def wait_http(url: str, procs: Sequence[ManagedProcess], *, timeout_s: flo
             await asyncio.sleep(0.2)
 
 
-SYSTEMS = {"meridian": meridian, "vllm": vllm_serve}
-LABELS = {"meridian": "meridian", "vllm": "vllm serve"}
+def meridian_mux(model_dir: Path, workdir: Path, *, stale_after_ms: int) -> Any:
+    """Meridian with the edge's streams to the worker over one GenerateMux call."""
+    return meridian(model_dir, workdir, stale_after_ms=stale_after_ms, worker_transport="mux")
+
+
+SYSTEMS = {"meridian": meridian, "meridian-mux": meridian_mux, "vllm": vllm_serve}
+LABELS = {"meridian": "meridian", "meridian-mux": "meridian mux", "vllm": "vllm serve"}
 
 
 # -- figures -----------------------------------------------------------------------------------
@@ -460,33 +468,11 @@ async def interleaved(
 
 
 def pair_figures(runs: dict[str, list[RunResult]]) -> None:
-    """Per-pair tokens/s ratio and TTFT p50 difference, meridian against vllm serve."""
-    if not {"meridian", "vllm"} <= set(runs):
+    """Per pair, each Meridian variant against vllm serve: tokens/s ratio, TTFT p50
+    difference and frontend CPU per token ratio; then the goals."""
+    if "vllm" not in runs:
         return
-    ratios = []
-    deltas = []
-    for m, v in zip(runs["meridian"], runs["vllm"], strict=True):
-        ratios.append(m.tokens_per_s / v.tokens_per_s)
-        deltas.append(
-            percentile([r.ttft_s * 1000 for r in m.records], 50)
-            - percentile([r.ttft_s * 1000 for r in v.records], 50)
-        )
-    print(
-        "per pair, meridian/vllm tokens/s: "
-        + ", ".join(f"{r:.3f}" for r in ratios)
-        + f" (median {statistics.median(ratios):.3f})"
-    )
-    print(
-        "per pair, meridian-vllm TTFT p50 ms: "
-        + ", ".join(f"{d:+.1f}" for d in deltas)
-        + f" (median {statistics.median(deltas):+.1f})"
-    )
-    cpu_ratios = [
-        m.frontend_us_per_token() / v.frontend_us_per_token()
-        for m, v in zip(runs["meridian"], runs["vllm"], strict=True)
-        if v.frontend_us_per_token()
-    ]
-    for name in ("meridian", "vllm"):
+    for name in runs:
         parts = {
             proc: statistics.median(
                 r.frontend_cpu_s.get(proc, 0.0) / r.tokens * 1e6 for r in runs[name]
@@ -499,28 +485,49 @@ def pair_figures(runs: dict[str, list[RunResult]]) -> None:
             f"{LABELS[name]} frontend CPU µs/token (median run): {sum(parts.values()):.0f} "
             f"({split}); engine core {engine:.0f}"
         )
-    if cpu_ratios:
+    for name in [n for n in runs if n != "vllm"]:
+        pairs = list(zip(runs[name], runs["vllm"], strict=True))
+        ratios = [m.tokens_per_s / v.tokens_per_s for m, v in pairs]
+        deltas = [
+            percentile([r.ttft_s * 1000 for r in m.records], 50)
+            - percentile([r.ttft_s * 1000 for r in v.records], 50)
+            for m, v in pairs
+        ]
+        cpu_ratios = [
+            m.frontend_us_per_token() / v.frontend_us_per_token()
+            for m, v in pairs
+            if v.frontend_us_per_token()
+        ]
+        label = LABELS[name]
+        print(f"\n{label} against vllm serve, per pair:")
         print(
-            "per pair, meridian/vllm frontend CPU per token: "
-            + ", ".join(f"{r:.2f}" for r in cpu_ratios)
-            + f" (median {statistics.median(cpu_ratios):.2f}; does not depend on the core count)"
+            "  tokens/s ratio: "
+            + ", ".join(f"{r:.3f}" for r in ratios)
+            + f" (median {statistics.median(ratios):.3f})"
         )
-    ratio = statistics.median(ratios)
-    delta = statistics.median(deltas)
-    print(
-        f"\ngoal tokens/s >= 90 % of vllm serve: {ratio:.1%} "
-        f"({'met' if ratio >= 0.9 else 'missed'})"
-    )
-    print(
-        f"goal TTFT p50 within 5 ms of vllm serve: {delta:+.1f} ms "
-        f"({'met' if delta <= 5.0 else 'missed'})"
-    )
-    if cpu_ratios:
-        cpu = statistics.median(cpu_ratios)
         print(
-            f"goal frontend CPU per token (edge + router + worker) <= vllm serve's: {cpu:.2f}x "
-            f"({'met' if cpu <= 1.0 else 'missed'})"
+            "  TTFT p50 difference ms: "
+            + ", ".join(f"{d:+.1f}" for d in deltas)
+            + f" (median {statistics.median(deltas):+.1f})"
         )
+        ratio, delta = statistics.median(ratios), statistics.median(deltas)
+        print(f"  goal tokens/s >= 90 % of vllm serve: {ratio:.1%} ({_met(ratio >= 0.9)})")
+        print(f"  goal TTFT p50 within 5 ms of vllm serve: {delta:+.1f} ms ({_met(delta <= 5.0)})")
+        if cpu_ratios:
+            cpu = statistics.median(cpu_ratios)
+            print(
+                "  frontend CPU per token ratio: "
+                + ", ".join(f"{r:.2f}" for r in cpu_ratios)
+                + f" (median {cpu:.2f}; does not depend on the core count)"
+            )
+            print(
+                "  goal frontend CPU per token (edge + router + worker) <= vllm serve's: "
+                f"{cpu:.2f}x ({_met(cpu <= 1.0)})"
+            )
+
+
+def _met(ok: bool) -> str:
+    return "met" if ok else "missed"
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -566,7 +573,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--systems",
         type=lambda s: [x.strip() for x in s.split(",")],
         default=["meridian", "vllm"],
-        help="which to run, in order: meridian, vllm",
+        help="which to run, in order: meridian, meridian-mux (GenerateMux transport), vllm",
     )
     args = p.parse_args(argv)
     unknown = [s for s in args.systems if s not in SYSTEMS]
