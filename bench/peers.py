@@ -19,7 +19,8 @@ from ``/proc/<pid>/stat`` (utime + stime) before and after the run. Writes ``pee
 vllm-router (``vllm-router==0.1.17``) and LiteLLM (``litellm[proxy]==1.108.0``) are installed
 on first use into their own environment, ``.bench-peers/venv`` (``--peers-env``), never into
 Meridian's; a peer that cannot be installed or started is reported and skipped.
-``--edge-workers 1 2`` also runs Meridian with two edge processes (``--workers 2``).
+``--edge-workers 1 2`` also runs Meridian with two edge processes (``--workers 2``);
+``--worker-transports call mux`` also runs it with the edge's streams over GenerateMux.
 
 The machine is shared and has 2 cores: the backend, the proxy and the client share them, so
 absolute figures move with the load average (printed); compare within one run.
@@ -238,10 +239,13 @@ async def fake_backend(workdir: Path, args: argparse.Namespace) -> AsyncIterator
 
 
 @contextlib.asynccontextmanager
-async def meridian(workdir: Path, backend: Target, edge_workers: int) -> AsyncIterator[Target]:
+async def meridian(
+    workdir: Path, backend: Target, edge_workers: int, transport: str = "call"
+) -> AsyncIterator[Target]:
     """Redis, one worker with ``--engine openai`` in front of the backend, the router, the
-    edge (``--workers edge_workers``); a tenant without limits and a key for it."""
-    workdir = workdir / f"meridian-{edge_workers}"
+    edge (``--workers edge_workers``, ``--worker-transport transport``); a tenant without
+    limits and a key for it."""
+    workdir = workdir / f"meridian-{edge_workers}-{transport}"
     python = sys.executable
     redis = RedisServer(run_dir=workdir / "redis")
     procs: list[ManagedProcess] = []
@@ -312,6 +316,8 @@ async def meridian(workdir: Path, backend: Target, edge_workers: int) -> AsyncIt
             str(pepper),
             "--workers",
             str(edge_workers),
+            "--worker-transport",
+            transport,
             *ONE_CLIENT_EDGE_ARGS,
         )
         await edge.start()
@@ -510,12 +516,14 @@ async def compare(args: argparse.Namespace) -> list[Row]:
         for name in wanted:
             try:
                 if name == "meridian":
-                    for n in args.edge_workers:
-                        label = "meridian" if n == 1 else f"meridian-{n}e"
-                        print(f"starting {label} ...", flush=True)
-                        systems[label] = await stack.enter_async_context(
-                            meridian(workdir, backend, n)
-                        )
+                    for transport in args.worker_transports:
+                        for n in args.edge_workers:
+                            label = "meridian" if n == 1 else f"meridian-{n}e"
+                            label += "" if transport == "call" else f"-{transport}"
+                            print(f"starting {label} ...", flush=True)
+                            systems[label] = await stack.enter_async_context(
+                                meridian(workdir, backend, n, transport)
+                            )
                 elif name in PEER_PINS:
                     bindir = ensure_peer(args.peers_env, name, install=not args.no_install)
                     if bindir is None:
@@ -638,6 +646,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         nargs="+",
         default=[1],
         help="Meridian edge processes; '1 2' runs both",
+    )
+    p.add_argument(
+        "--worker-transports",
+        nargs="+",
+        choices=("call", "mux"),
+        default=["call"],
+        help="Meridian's edge-to-worker transport (--worker-transport); 'call mux' runs both",
     )
     p.add_argument("--peers-env", type=Path, default=REPO / ".bench-peers" / "venv")
     p.add_argument("--no-install", action="store_true")
