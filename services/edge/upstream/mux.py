@@ -38,7 +38,10 @@ from services.edge.counters import EdgeCounters
 log = logging.getLogger("meridian.edge.mux")
 
 #: Chunks a stream lets the worker send ahead of its reader; credit goes back at half of it.
-WINDOW = 64
+#: Large enough that a stream whose client keeps up never waits for credit (the grant's
+#: round trip, on a loaded host tens of milliseconds, would show as inter-token gaps), small
+#: enough to bound what one slow client's stream holds in the edge.
+WINDOW = 256
 
 MuxStub = grpc.aio.StreamStreamCall[worker_pb2.MuxRequest, worker_pb2.MuxFrame]
 
