@@ -144,9 +144,9 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument(
         "--worker-transport",
         choices=WORKER_TRANSPORTS,
-        default="call",
-        help="token streams to workers: one Generate call each (call), or all of a worker's "
-        "over one GenerateMux call, one message per engine step (mux)",
+        default="mux",
+        help="token streams to workers: all of a worker's over one GenerateMux call, one "
+        "message per engine step (mux, the default), or one Generate call each (call)",
     )
     m = p.add_argument_group(
         "mid-stream migration (a stream whose worker breaks continues on another worker)"

@@ -76,7 +76,7 @@ class EdgeConfig:
     migration: MigrationPolicy = field(default_factory=MigrationPolicy)
     #: How token streams reach workers: one Generate call each, or all of a worker's over
     #: one GenerateMux call (services/edge/upstream/worker_pool.py).
-    worker_transport: WorkerTransport = "call"
+    worker_transport: WorkerTransport = "mux"
     keepalive_after_s: float = 3.0
     drain_grace_s: float = 10.0
     #: Listen with SO_REUSEPORT: one of several edge processes on one port

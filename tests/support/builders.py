@@ -63,10 +63,11 @@ def profile(
 
 def edge_config(**over: Any) -> EdgeConfig:
     """A test edge: free ports, plain HTTP, an admin API with the test token, a patient
-    first-token timeout; any field overridden. ``MERIDIAN_TEST_WORKER_TRANSPORT=mux`` runs
-    every test edge's streams over GenerateMux (the suite then proves that transport too)."""
+    first-token timeout; any field overridden. ``MERIDIAN_TEST_WORKER_TRANSPORT=call`` runs
+    every test edge's streams as one Generate call each (the default is GenerateMux), so the
+    suite can prove either transport."""
     fields: dict[str, Any] = {
-        "worker_transport": os.environ.get("MERIDIAN_TEST_WORKER_TRANSPORT", "call"),
+        "worker_transport": os.environ.get("MERIDIAN_TEST_WORKER_TRANSPORT", "mux"),
         "port": 0,
         "site": "test",
         "plain_http": True,

@@ -2,10 +2,10 @@
 first use and kept, so every request after the first to a worker reuses a warm HTTP/2
 connection.
 
-Token streams go over one of two transports (``--worker-transport``): ``call``, one Generate
-call per stream; ``mux``, every stream to a worker over one GenerateMux call, whose frames
-carry the output of all its streams per engine step (services/edge/upstream/mux.py). Callers
-get the same call object either way."""
+Token streams go over one of two transports (``--worker-transport``): ``mux`` (the default),
+every stream to a worker over one GenerateMux call, whose frames carry the output of all its
+streams per engine step (services/edge/upstream/mux.py); ``call``, one Generate call per
+stream (what older workers get). Callers get the same call object either way."""
 
 from __future__ import annotations
 
@@ -45,7 +45,7 @@ class WorkerPool:
     transport, one GenerateMux call per worker on it too."""
 
     def __init__(
-        self, transport: WorkerTransport = "call", counters: EdgeCounters | None = None
+        self, transport: WorkerTransport = "mux", counters: EdgeCounters | None = None
     ) -> None:
         if transport not in WORKER_TRANSPORTS:
             raise ValueError(f"transport must be one of {WORKER_TRANSPORTS}, got {transport!r}")

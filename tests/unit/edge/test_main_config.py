@@ -69,6 +69,11 @@ def test_limits_and_failure_modes_reach_the_config() -> None:
     assert config.request_limits.max_messages == 10
 
 
+def test_streams_go_over_generate_mux_unless_told_otherwise() -> None:
+    assert parse("--plain-http").worker_transport == "mux"
+    assert parse("--plain-http", "--worker-transport", "call").worker_transport == "call"
+
+
 @pytest.mark.parametrize(
     "bad",
     [
@@ -76,6 +81,7 @@ def test_limits_and_failure_modes_reach_the_config() -> None:
         ["--header-timeout-s", "-1"],
         ["--redis-failure-mode", "maybe"],
         ["--port", "70000"],
+        ["--worker-transport", "carrier-pigeon"],
     ],
 )
 def test_bad_values_stop_the_parser(bad: list[str]) -> None:
