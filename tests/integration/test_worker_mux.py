@@ -1,7 +1,8 @@
 """GenerateMux: every stream to a worker over one gRPC call, over real sockets.
 
-It is the edge's default, so the whole suite runs over it (``MERIDIAN_TEST_WORKER_TRANSPORT=
-call`` runs it over one Generate call per stream instead); these tests pin what only this transport has: many streams per message, per-stream flow
+It is the edge's default, so the whole suite runs over it
+(``MERIDIAN_TEST_WORKER_TRANSPORT=call`` runs it over one Generate call per stream instead).
+These tests pin what only this transport has: many streams per message, per-stream flow
 control (a stream nobody reads does not hold up the others), the same errors as Generate,
 cancellation as a message, every stream failing over when the call breaks, and older workers
 used over Generate.
