@@ -251,20 +251,28 @@ def read_stage(raw: object) -> RegionStage:
 
 
 def schedule_regions(
-    profile: SchedulerProfile, stage: RegionStage, query: RouteQuery, view: RegionalView
+    profile: SchedulerProfile,
+    stage: RegionStage,
+    query: RouteQuery,
+    view: RegionalView,
+    *,
+    explain: bool = True,
 ) -> Decision:
     """Pre-select regions, then decide with the profile over their workers (the decision
-    over the whole fleet when none of theirs survives the filters)."""
+    over the whole fleet when none of theirs survives the filters). ``explain``: as in
+    ``SchedulerProfile.schedule`` (without it, no note of the regions either)."""
     summaries = view.summaries()
     if stage.min_workers and sum(s.workers for s in summaries) < stage.min_workers:
-        return profile.schedule(query, view.all_rows())
+        return profile.schedule(query, view.all_rows(), explain=explain)
     chosen, eligible = stage.select(query, summaries, profile.rng)
     if not chosen or len(chosen) >= eligible:
-        return profile.schedule(query, view.all_rows())
+        return profile.schedule(query, view.all_rows(), explain=explain)
     # The same regions in any order are the same part of the fleet: one memo for them.
     scope: tuple[str, ...] = tuple(sorted(chosen))
-    decision = profile.schedule(query, view.rows(scope), scope=scope)
+    decision = profile.schedule(query, view.rows(scope), scope=scope, explain=explain)
     if decision.ranked:
+        if not explain:
+            return decision
         note = f" [regions: {', '.join(chosen)} of {eligible}]"
         return replace(decision, explanation=decision.explanation + note)
-    return profile.schedule(query, view.all_rows())
+    return profile.schedule(query, view.all_rows(), explain=explain)
