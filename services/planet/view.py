@@ -29,15 +29,20 @@ from __future__ import annotations
 import bisect
 import heapq
 import itertools
+import math
+import operator
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
+from itertools import compress, repeat
 from typing import cast
 
 from services.router.scheduling.regional import RegionSummary
 from services.router.scheduling.types import ModelStatus, WorkerSnapshot
 
 FAILURE_WINDOW_S = 30.0
+_GE = operator.ge
+_SUB = operator.sub
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,7 +131,10 @@ class SiteView:
         "_slot",
         "_stale",
         "_stale_flag",
-        "_summaries",
+        "_summary_at",
+        "_summary_key",
+        "_summary_list",
+        "_valid_until",
         "assigned",
         "cursors",
         "failures",
@@ -175,8 +183,18 @@ class SiteView:
         self._region_rows = [[self._rows[i] for i in ws] for ws in self._region_workers]
         self._stale: list[list[int]] = [[] for _ in range(regions)]
         self._stale_flag = [False] * len(workers)
-        # per region: (log index read, own in flight, rtt, summary)
-        self._summaries: list[tuple[int, int, float, RegionSummary] | None] = [None] * regions
+        # The region summaries (regions with workers, in index order) and, per region, its
+        # position there (-1: no workers), its figures, and the sent-time before which they
+        # stand (-inf: read it again; +inf: never, no workers): see summaries().
+        self._summary_at = [-1] * regions
+        self._summary_list: list[RegionSummary] = []
+        placeholder = RegionSummary("", 0, 0, 0, 0, None, frozenset())
+        for g, ws in enumerate(self._region_workers):
+            if ws:
+                self._summary_at[g] = len(self._summary_list)
+                self._summary_list.append(placeholder)
+        self._summary_key: list[tuple[object, ...] | None] = [None] * regions
+        self._valid_until = [-math.inf if at >= 0 else math.inf for at in self._summary_at]
 
     # --- inputs (timestamped with when they reach this site) ------------------------------
 
@@ -189,14 +207,18 @@ class SiteView:
         mine = self.assigned[worker]
         if rid not in mine:
             mine[rid] = None
-            self._own[self.workers[worker].region_index] += 1
+            g = self.workers[worker].region_index
+            self._own[g] += 1
+            self._region_changed(g)
         self._touch(worker)
 
     def _end(self, w: int, rid: int) -> None:
         mine = self.assigned[w]
         if rid in mine:
             del mine[rid]
-            self._own[self.workers[w].region_index] -= 1
+            g = self.workers[w].region_index
+            self._own[g] -= 1
+            self._region_changed(g)
 
     # --- time ----------------------------------------------------------------------------
 
@@ -261,6 +283,7 @@ class SiteView:
             rtt, loss = cast(tuple[float, float], payload)
             self.rtt_ms[w] = rtt
             self.loss[w] = loss
+            self._region_changed(w)
             for i in self._region_workers[w]:  # w: a region index here
                 self._touch(i)
 
@@ -272,42 +295,48 @@ class SiteView:
     # --- the RegionalView the router's region stage reads --------------------------------
 
     def summaries(self) -> list[RegionSummary]:
-        out: list[RegionSummary] = []
-        now, owd, logs, own = self._now, self.owd_s, self._logs, self._own
-        cache = self._summaries
-        acur = self._acur
-        for g, ws in enumerate(self._region_workers):
-            if not ws:
-                continue
-            if own[g]:
-                self.catch_up(g)  # its admissions end this replica's requests in flight
-            log = logs[g]
-            rel = acur[g] - log.base
-            hit = cache[g]
-            mine, rtt = own[g], self.rtt_ms[g]
-            if (
-                hit is not None
-                and rel >= 0  # (below 0: the log was trimmed past it, read it again)
-                and (rel >= len(log.times) or log.times[rel] > now - owd[g])
-                and hit[1] == mine
-                and hit[2] == rtt
-            ):  # nothing new has reached this site from there
-                out.append(hit[3])
-                continue
-            (healthy, cap, busy, models), at = log.at(now - owd[g], acur[g])
-            acur[g] = at
-            summary = RegionSummary(
-                self.workers[ws[0]].region,
-                len(ws),
-                healthy,
-                cap,
-                min(cap, busy + mine),
-                rtt if healthy else None,
-                models,
+        """Every listed region's summary at this replica's horizon (the same list object each
+        call, valid until the next).
+
+        A summary changes only when a log entry reaches this site, or this replica's own
+        requests in flight there or its RTT change; most do not between two decisions. So each
+        region keeps the sent-time before which its summary stands (the first unread entry's,
+        or the time it was read: entries are appended at the simulation's present, never in a
+        replica's past), and one C-level pass picks the regions whose horizon has reached it;
+        only those are read again. A re-read that finds the same figures keeps the old object,
+        so the region stage's keys, cached per summary object, still hold."""
+        now = self._now
+        due = compress(
+            range(len(self._valid_until)),
+            map(_GE, map(_SUB, repeat(now), self.owd_s), self._valid_until),
+        )
+        for g in list(due):
+            self._read_summary(g, now)
+        return self._summary_list
+
+    def _read_summary(self, g: int, now: float) -> None:
+        own = self._own
+        if own[g]:
+            self.catch_up(g)  # its admissions end this replica's requests in flight
+        log = self._logs[g]
+        mine, rtt = own[g], self.rtt_ms[g]
+        (healthy, cap, busy, models), at = log.at(now - self.owd_s[g], self._acur[g])
+        self._acur[g] = at
+        rel = at - log.base
+        self._valid_until[g] = log.times[rel] if rel < len(log.times) else now
+        key = (healthy, cap, min(cap, busy + mine), rtt if healthy else None, models)
+        if key != self._summary_key[g]:
+            self._summary_key[g] = key
+            ws = self._region_workers[g]
+            self._summary_list[self._summary_at[g]] = RegionSummary(
+                self.workers[ws[0]].region, len(ws), *key
             )
-            cache[g] = (at, mine, rtt, summary)
-            out.append(summary)
-        return out
+
+    def _region_changed(self, g: int) -> None:
+        """This replica's requests in flight in region ``g``, or its RTT, changed: its
+        summary is read again at the next decision."""
+        if self._summary_at[g] >= 0:
+            self._valid_until[g] = -math.inf
 
     def _fresh(self, g: int) -> list[WorkerSnapshot]:
         self.catch_up(g)

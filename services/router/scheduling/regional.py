@@ -168,8 +168,8 @@ class RegionStage:
     # Fleets smaller than this are decided whole: the stage is for scale, and on a handful of
     # workers it would only cost the ranked list its fallbacks in other regions.
     min_workers: int = 0
-    # id(summary) → (summary, has free slots, score): summaries are immutable
-    _keys: dict[int, tuple[RegionSummary, bool, float]] = field(
+    # id(summary) → (summary, (has free slots, score)): summaries are immutable
+    _keys: dict[int, tuple[RegionSummary, tuple[bool, float]]] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
@@ -199,15 +199,6 @@ class RegionStage:
         params.finish()
         return stage
 
-    def eligible(self, query: RouteQuery, summaries: Sequence[RegionSummary]) -> list[int]:
-        allowed = query.allowed_regions
-        model = query.model
-        return [
-            i
-            for i, s in enumerate(summaries)
-            if s.healthy and model in s.models and (not allowed or s.region in allowed)
-        ]
-
     def score(self, s: RegionSummary) -> float:
         tau = self.tau_ms
         lat = self.unknown_score if s.rtt_ms is None else tau / (tau + max(0.0, s.rtt_ms))
@@ -222,25 +213,45 @@ class RegionStage:
 
         A summary's rank key is computed once per summary object (a view hands in the same
         object until its region changes), and ties are broken by a random rotation of the
-        list, so a decision over ~100 regions costs ~100 dictionary look-ups."""
-        idx = self.eligible(query, summaries)
-        n = len(idx)
-        if n <= self.max_regions:
-            return tuple(summaries[i].region for i in idx), n
+        list, so a decision over ~100 regions costs ~100 dictionary look-ups. With one region
+        to choose (the default), the best is found in the same pass, and the rotation is
+        applied only to the regions tied with it: the same choice, without a key tuple per
+        region."""
+        allowed = query.allowed_regions
+        model = query.model
         keys = self._keys
         if len(keys) > 8192:
             keys.clear()
-        off = rng.randrange(n)
-        ranked: list[tuple[bool, float, int, int]] = []
-        for j, i in enumerate(idx):
-            s = summaries[i]
-            cached = keys.get(id(s))
+        get = keys.get
+        idx: list[int] = []
+        flags: list[tuple[bool, float]] = []
+        best: tuple[bool, float] | None = None
+        tied: list[int] = []  # positions in idx of the regions whose key equals best
+        for i, s in enumerate(summaries):  # eligible: residency, healthy, the model ready
+            if not (s.healthy and model in s.models and (not allowed or s.region in allowed)):
+                continue
+            cached = get(id(s))
             if cached is None or cached[0] is not s:
-                cached = (s, s.free > 0, self.score(s))
+                cached = (s, (s.free > 0, self.score(s)))
                 keys[id(s)] = cached
-            ranked.append((cached[1], cached[2], (j - off) % n, i))
-        best = heapq.nlargest(self.max_regions, ranked)
-        return tuple(summaries[t[3]].region for t in best), n
+            key = cached[1]
+            if best is None or key > best:
+                best = key
+                tied = [len(idx)]
+            elif key == best:
+                tied.append(len(idx))
+            idx.append(i)
+            flags.append(key)
+        n = len(idx)
+        if n <= self.max_regions:
+            return tuple(summaries[i].region for i in idx), n
+        off = rng.randrange(n)
+        if self.max_regions == 1:
+            j = max(tied, key=lambda j: (j - off) % n)
+            return (summaries[idx[j]].region,), n
+        ranked = [(*flags[j], (j - off) % n, i) for j, i in enumerate(idx)]
+        top = heapq.nlargest(self.max_regions, ranked)
+        return tuple(summaries[t[3]].region for t in top), n
 
 
 def read_stage(raw: object) -> RegionStage:
