@@ -35,7 +35,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import compress, repeat
-from typing import cast
+from typing import NamedTuple, cast
 
 from services.router.scheduling.regional import RegionSummary
 from services.router.scheduling.types import ModelStatus, WorkerSnapshot
@@ -45,8 +45,10 @@ _GE = operator.ge
 _SUB = operator.sub
 
 
-@dataclass(frozen=True, slots=True)
-class Report:
+class Report(NamedTuple):
+    """A worker's load report. A named tuple, not a frozen dataclass: one is made per report
+    (thousands per simulated second), and a tuple is built ~3x faster."""
+
     sent_at: float
     running: int
     waiting: int

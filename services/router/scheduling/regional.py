@@ -35,6 +35,7 @@ Profile YAML (optional; absent: the profile sees the whole fleet, as before)::
 from __future__ import annotations
 
 import heapq
+import operator
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -51,6 +52,9 @@ from services.router.scheduling.types import (
 
 if TYPE_CHECKING:
     from services.router.scheduling.framework import SchedulerProfile
+
+
+_WORKERS = operator.attrgetter("workers")
 
 
 @dataclass(frozen=True, slots=True)
@@ -273,7 +277,7 @@ def schedule_regions(
     over the whole fleet when none of theirs survives the filters). ``explain``: as in
     ``SchedulerProfile.schedule`` (without it, no note of the regions either)."""
     summaries = view.summaries()
-    if stage.min_workers and sum(s.workers for s in summaries) < stage.min_workers:
+    if stage.min_workers and sum(map(_WORKERS, summaries)) < stage.min_workers:
         return profile.schedule(query, view.all_rows(), explain=explain)
     chosen, eligible = stage.select(query, summaries, profile.rng)
     if not chosen or len(chosen) >= eligible:
