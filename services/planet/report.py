@@ -210,8 +210,9 @@ def write_markdown(results: list[dict[str, Any]], out: Path) -> Path:
         run = r["run"]
         lines += [
             "",
-            f"Run: {run['wall_s']:,} s wall ({run.get('cpu_s', '?')} s CPU), {run['decisions']:,} decisions, {run['events']:,} "
-            f"events; memory estimate {run['memory_estimate_mib']:,} MiB "
+            f"Run: {run['wall_s']:,} s wall ({run.get('cpu_s', '?')} s CPU), "
+            f"{run['decisions']:,} decisions, {run['events']:,} events; "
+            f"memory estimate {run['memory_estimate_mib']:,} MiB "
             f"({run['memory_breakdown']}), peak RSS {run['peak_rss_mib']:,} MiB.",
         ]
         if r["decisions_sampled"]:
