@@ -164,3 +164,32 @@ def test_a_fleet_below_min_workers_is_decided_whole() -> None:
         RouteQuery("q", "m"), RegionIndex().update(rows)
     )
     assert "[regions: jp of 4]" in d.explanation
+
+
+def test_an_unexplained_decision_ranks_exactly_as_an_explained_one() -> None:
+    """``explain=False`` (the simulator's unsampled decisions) skips contributions and the
+    winner line only: same workers, same order, same scores, same random draws, decision
+    after decision, with and without the region stage."""
+    rng = random.Random(11)
+    regions = {f"r{i}": (rng.uniform(2.0, 200.0), rng.randrange(5)) for i in range(8)}
+    rows = fleet_rows(regions)
+    for stage in ({}, {"max_regions": 1}, {"max_regions": 3}):
+        explained, bare = profile(**stage), profile(**stage)
+        index_a, index_b = RegionIndex(), RegionIndex()
+        for n in range(40):
+            w = rng.randrange(len(rows))
+            row = rows[w]
+            rows[w] = WorkerSnapshot(
+                row.worker_id, row.region, row.address, models=READY, rtt_ms=row.rtt_ms,
+                max_running=4, running=rng.randrange(5),
+            )  # fmt: skip
+            query = RouteQuery(f"q{n}", "m", session_id=f"s{n % 5}")
+            a = explained.schedule_view(query, index_a.update(rows))
+            b = bare.schedule_view(query, index_b.update(rows), explain=False)
+            assert [(s.worker.worker_id, s.score) for s in a.ranked] == [
+                (s.worker.worker_id, s.score) for s in b.ranked
+            ]
+            assert a.explanation
+            assert a.ranked[0].contributions
+            assert b.explanation == ""
+            assert b.ranked[0].contributions == ()
