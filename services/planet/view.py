@@ -72,7 +72,7 @@ class RegionLog:
     The aggregate is kept at the source, once per report, and read by every replica at its own
     horizon: what a replica's region stage reads without applying the reports one by one."""
 
-    __slots__ = ("aggs", "base", "entries", "initial", "times")
+    __slots__ = ("aggs", "base", "entries", "initial", "times", "waiters")
 
     def __init__(self, initial: Aggregate = (0, 0, 0, frozenset())) -> None:
         self.entries: list[tuple[float, int, Report | None]] = []
@@ -80,11 +80,20 @@ class RegionLog:
         self.aggs: list[Aggregate] = []
         self.initial = initial  # the aggregate before entries[0]
         self.base = 0  # absolute index of entries[0]
+        # Replicas that have read every entry, each with the list in which it keeps, per
+        # region, the sent-time of the first entry it has not read, and this region's index:
+        # told by the next append (once), so an idle region costs them nothing meanwhile.
+        self.waiters: list[tuple[list[float], int]] = []
 
     def append(self, t: float, w: int, rep: Report | None, agg: Aggregate) -> None:
         self.entries.append((t, w, rep))
         self.times.append(t)
         self.aggs.append(agg)
+        if self.waiters:
+            for first_unread, g in self.waiters:
+                if t < first_unread[g]:  # (-inf: the replica has marked it changed meanwhile)
+                    first_unread[g] = t
+            self.waiters.clear()
 
     def trim(self, upto: int) -> None:
         cut = upto - self.base
@@ -137,6 +146,7 @@ class SiteView:
         "_summary_key",
         "_summary_list",
         "_valid_until",
+        "_waiting_at",
         "assigned",
         "cursors",
         "failures",
@@ -197,6 +207,7 @@ class SiteView:
                 self._summary_list.append(placeholder)
         self._summary_key: list[tuple[object, ...] | None] = [None] * regions
         self._valid_until = [-math.inf if at >= 0 else math.inf for at in self._summary_at]
+        self._waiting_at = [-1] * regions  # per region: the log length it waits on to grow
 
     # --- inputs (timestamped with when they reach this site) ------------------------------
 
@@ -302,10 +313,10 @@ class SiteView:
 
         A summary changes only when a log entry reaches this site, or this replica's own
         requests in flight there or its RTT change; most do not between two decisions. So each
-        region keeps the sent-time before which its summary stands (the first unread entry's,
-        or the time it was read: entries are appended at the simulation's present, never in a
-        replica's past), and one C-level pass picks the regions whose horizon has reached it;
-        only those are read again. A re-read that finds the same figures keeps the old object,
+        region keeps the sent-time before which its summary stands (the first unread entry's;
+        +inf after reading to the end of the log, until its next append sets it), and one
+        C-level pass picks the regions whose horizon has reached it; only those are read
+        again. A re-read that finds the same figures keeps the old object,
         so the region stage's keys, cached per summary object, still hold."""
         now = self._now
         due = compress(
@@ -325,7 +336,13 @@ class SiteView:
         (healthy, cap, busy, models), at = log.at(now - self.owd_s[g], self._acur[g])
         self._acur[g] = at
         rel = at - log.base
-        self._valid_until[g] = log.times[rel] if rel < len(log.times) else now
+        if rel < len(log.times):
+            self._valid_until[g] = log.times[rel]
+        else:  # read to the end: the next append says when (one waiter per append awaited)
+            self._valid_until[g] = math.inf
+            if self._waiting_at[g] != at:
+                self._waiting_at[g] = at
+                log.waiters.append((self._valid_until, g))
         key = (healthy, cap, min(cap, busy + mine), rtt if healthy else None, models)
         if key != self._summary_key[g]:
             self._summary_key[g] = key

@@ -3,15 +3,18 @@ order, replicas see the world late."""
 
 from __future__ import annotations
 
+import bisect
 import gc
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from services.planet.scenario import build
 from services.planet.sim import Planet, long_lived_heap
 from services.planet.view import RegionLog, Report, SiteView, StaticWorker
+from services.router.scheduling.regional import RegionSummary
 from services.router.scheduling.types import ModelState, ModelStatus
 
 from .conftest import ROOT
@@ -152,6 +155,43 @@ def test_a_profile_with_region_pre_selection_routes_the_small_world(
     assert by_interval[20].get("jp", 0) == 0
     assert by_interval[30].get("jp", 0) > 0
     assert any("[regions:" in str(d) for d in m.samples)
+
+
+def test_every_region_summary_a_replica_hands_out_is_what_a_fresh_read_would_give(
+    small: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The summaries are re-read only when something can have changed them (view.py); this
+    checks each one, at every decision of a run with an outage, against reading the region's
+    log at the replica's horizon from scratch."""
+    doc = yaml.safe_load((ROOT / "deploy/router/profiles/default.yaml").read_text())
+    doc["profiles"]["default"]["regions"] = {"max_regions": 1}
+    profile = tmp_path / "regional.yaml"
+    profile.write_text(yaml.safe_dump(doc))
+    small["duration_s"] = 20
+    small["router"] = {"profile": str(profile)}
+    small["events"] = [{"kind": "region-outage", "region": "jp", "at_s": 5, "duration_s": 5}]
+    checked = [0]
+    summaries = SiteView.summaries
+
+    def checking(view: SiteView) -> list[RegionSummary]:
+        out = summaries(view)
+        for g, at in enumerate(view._summary_at):
+            if at < 0:
+                continue
+            log = view._logs[g]
+            i = bisect.bisect_right(log.times, view._now - view.owd_s[g])
+            healthy, cap, busy, models = log.aggs[i - 1] if i else log.initial
+            s = out[at]
+            assert (s.healthy, s.capacity, s.busy, s.rtt_ms, s.models) == (
+                healthy, cap, min(cap, busy + view._own[g]),
+                view.rtt_ms[g] if healthy else None, models,
+            )  # fmt: skip
+            checked[0] += 1
+        return out
+
+    monkeypatch.setattr(SiteView, "summaries", checking)
+    run(small)
+    assert checked[0] > 1000
 
 
 def test_a_run_leaves_the_garbage_collector_as_it_found_it() -> None:
