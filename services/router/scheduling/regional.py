@@ -39,7 +39,7 @@ import operator
 import random
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from services.router.scheduling.incremental import changed_positions
 from services.router.scheduling.params import ParamError, Params, check_positive, require
@@ -57,9 +57,12 @@ if TYPE_CHECKING:
 _WORKERS = operator.attrgetter("workers")
 
 
-@dataclass(frozen=True, slots=True)
-class RegionSummary:
-    """One region as this router sees it: enough to rank regions, nothing per worker."""
+class RegionSummary(NamedTuple):
+    """One region as this router sees it: enough to rank regions, nothing per worker.
+
+    A named tuple (immutable, like the snapshots): a view builds one whenever a region's
+    figures change, many per decision at planet scale, and a tuple is built ~3x faster than
+    a frozen dataclass."""
 
     region: str
     workers: int  # listed
