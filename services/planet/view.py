@@ -68,27 +68,50 @@ Aggregate = tuple[int, int, int, frozenset[str]]
 class RegionLog:
     """Reports sent by one region's workers, in send order: ``(sent_at, worker, report)``
     (worker -1, report None: only the region's aggregate moved — a worker died or came
-    back), with the region's aggregate after each entry (``aggs``; ``times`` for bisection).
-    The aggregate is kept at the source, once per report, and read by every replica at its own
+    back), ``times`` for bisection; what replicas apply, region by region, to their rows.
+
+    Beside them, the entries a replica's *region summary* can see (``change_times``, with the
+    region's aggregate after each, ``change_aggs``): those that moved the aggregate, or that
+    name admitted requests (they end a replica's requests in flight there). Most reports
+    change a worker's token rate or KV figures and nothing a summary reads; leaving them out
+    is what lets a replica skip a region until something it would see has arrived. The
+    aggregate is kept at the source, once per report, and read by every replica at its own
     horizon: what a replica's region stage reads without applying the reports one by one."""
 
-    __slots__ = ("aggs", "base", "entries", "initial", "times", "waiters")
+    __slots__ = (
+        "base",
+        "change_aggs",
+        "change_base",
+        "change_times",
+        "entries",
+        "initial",
+        "last",
+        "times",
+        "waiters",
+    )
 
     def __init__(self, initial: Aggregate = (0, 0, 0, frozenset())) -> None:
         self.entries: list[tuple[float, int, Report | None]] = []
         self.times: list[float] = []
-        self.aggs: list[Aggregate] = []
-        self.initial = initial  # the aggregate before entries[0]
         self.base = 0  # absolute index of entries[0]
-        # Replicas that have read every entry, each with the list in which it keeps, per
-        # region, the sent-time of the first entry it has not read, and this region's index:
-        # told by the next append (once), so an idle region costs them nothing meanwhile.
+        self.change_times: list[float] = []
+        self.change_aggs: list[Aggregate] = []
+        self.change_base = 0  # absolute index of change_times[0]
+        self.initial = initial  # the aggregate before change_aggs[0]
+        self.last = initial  # the aggregate after the last entry
+        # Replicas that have read every change, each with the list in which it keeps, per
+        # region, the sent-time of the first change it has not read, and this region's index:
+        # told by the next change (once), so an idle region costs them nothing meanwhile.
         self.waiters: list[tuple[list[float], int]] = []
 
     def append(self, t: float, w: int, rep: Report | None, agg: Aggregate) -> None:
         self.entries.append((t, w, rep))
         self.times.append(t)
-        self.aggs.append(agg)
+        if agg == self.last and (rep is None or not rep.admitted):
+            return
+        self.last = agg
+        self.change_times.append(t)
+        self.change_aggs.append(agg)
         if self.waiters:
             for first_unread, g in self.waiters:
                 if t < first_unread[g]:  # (-inf: the replica has marked it changed meanwhile)
@@ -96,19 +119,26 @@ class RegionLog:
             self.waiters.clear()
 
     def trim(self, upto: int) -> None:
+        """Drop the entries before absolute index ``upto`` (every replica has applied them),
+        and the changes sent by the last of them (every replica's horizon has passed it)."""
         cut = upto - self.base
         if cut > 0:
-            self.initial = self.aggs[cut - 1]
+            until = self.times[cut - 1]
             del self.entries[:cut]
             del self.times[:cut]
-            del self.aggs[:cut]
             self.base = upto
+            k = bisect.bisect_right(self.change_times, until)
+            if k:
+                self.initial = self.change_aggs[k - 1]
+                del self.change_times[:k]
+                del self.change_aggs[:k]
+                self.change_base += k
 
     def at(self, horizon: float, lo: int) -> tuple[Aggregate, int]:
-        """The aggregate as of ``horizon`` and the absolute index after the last entry sent
-        by then (``lo``: an absolute index known to be at or before it)."""
-        i = bisect.bisect_right(self.times, horizon, max(0, lo - self.base))
-        return (self.aggs[i - 1] if i else self.initial), i + self.base
+        """The aggregate as of ``horizon`` and the absolute index after the last change sent
+        by then (``lo``: an absolute change index known to be at or before it)."""
+        i = bisect.bisect_right(self.change_times, horizon, max(0, lo - self.change_base))
+        return (self.change_aggs[i - 1] if i else self.initial), i + self.change_base
 
 
 @dataclass(frozen=True, slots=True)
@@ -178,7 +208,7 @@ class SiteView:
         self.failures: list[deque[float]] = [deque() for _ in workers]
         self.health: list[tuple[bool, str]] = [(True, "ok")] * len(workers)
         self.cursors = [0] * regions  # per region: the next log entry to apply
-        self._acur = [0] * regions  # per region: the log entry its summary was read at
+        self._acur = [0] * regions  # per region: the log change its summary was read at
         self._own = [0] * regions  # per region: this replica's requests in flight there
         self._logs: Sequence[RegionLog] = ()
         self._now = 0.0
@@ -311,10 +341,11 @@ class SiteView:
         """Every listed region's summary at this replica's horizon (the same list object each
         call, valid until the next).
 
-        A summary changes only when a log entry reaches this site, or this replica's own
-        requests in flight there or its RTT change; most do not between two decisions. So each
-        region keeps the sent-time before which its summary stands (the first unread entry's;
-        +inf after reading to the end of the log, until its next append sets it), and one
+        A summary changes only when one of its log's changes (``RegionLog``) reaches this
+        site, or this replica's own requests in flight there or its RTT change; most do not
+        between two decisions. So each region keeps the sent-time before which its summary
+        stands (the first unread change's; +inf after reading them all, until the next change
+        sets it), and one
         C-level pass picks the regions whose horizon has reached it; only those are read
         again. A re-read that finds the same figures keeps the old object,
         so the region stage's keys, cached per summary object, still hold."""
@@ -335,10 +366,10 @@ class SiteView:
         mine, rtt = own[g], self.rtt_ms[g]
         (healthy, cap, busy, models), at = log.at(now - self.owd_s[g], self._acur[g])
         self._acur[g] = at
-        rel = at - log.base
-        if rel < len(log.times):
-            self._valid_until[g] = log.times[rel]
-        else:  # read to the end: the next append says when (one waiter per append awaited)
+        rel = at - log.change_base
+        if rel < len(log.change_times):
+            self._valid_until[g] = log.change_times[rel]
+        else:  # read them all: the next change says when (one waiter per change awaited)
             self._valid_until[g] = math.inf
             if self._waiting_at[g] != at:
                 self._waiting_at[g] = at

@@ -179,8 +179,8 @@ def test_every_region_summary_a_replica_hands_out_is_what_a_fresh_read_would_giv
             if at < 0:
                 continue
             log = view._logs[g]
-            i = bisect.bisect_right(log.times, view._now - view.owd_s[g])
-            healthy, cap, busy, models = log.aggs[i - 1] if i else log.initial
+            i = bisect.bisect_right(log.change_times, view._now - view.owd_s[g])
+            healthy, cap, busy, models = log.change_aggs[i - 1] if i else log.initial
             s = out[at]
             assert (s.healthy, s.capacity, s.busy, s.rtt_ms, s.models) == (
                 healthy, cap, min(cap, busy + view._own[g]),
