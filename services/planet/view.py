@@ -134,12 +134,6 @@ class RegionLog:
                 del self.change_aggs[:k]
                 self.change_base += k
 
-    def at(self, horizon: float, lo: int) -> tuple[Aggregate, int]:
-        """The aggregate as of ``horizon`` and the absolute index after the last change sent
-        by then (``lo``: an absolute change index known to be at or before it)."""
-        i = bisect.bisect_right(self.change_times, horizon, max(0, lo - self.change_base))
-        return (self.change_aggs[i - 1] if i else self.initial), i + self.change_base
-
 
 @dataclass(frozen=True, slots=True)
 class StaticWorker:
@@ -364,11 +358,13 @@ class SiteView:
             self.catch_up(g)  # its admissions end this replica's requests in flight
         log = self._logs[g]
         mine, rtt = own[g], self.rtt_ms[g]
-        (healthy, cap, busy, models), at = log.at(now - self.owd_s[g], self._acur[g])
-        self._acur[g] = at
-        rel = at - log.change_base
-        if rel < len(log.change_times):
-            self._valid_until[g] = log.change_times[rel]
+        # The aggregate as of this replica's horizon there: the last change sent by then.
+        times, base = log.change_times, log.change_base
+        i = bisect.bisect_right(times, now - self.owd_s[g], max(0, self._acur[g] - base))
+        healthy, cap, busy, models = log.change_aggs[i - 1] if i else log.initial
+        self._acur[g] = at = i + base
+        if i < len(times):
+            self._valid_until[g] = times[i]
         else:  # read them all: the next change says when (one waiter per change awaited)
             self._valid_until[g] = math.inf
             if self._waiting_at[g] != at:
