@@ -37,8 +37,9 @@ from __future__ import annotations
 import heapq
 import operator
 import random
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import compress, repeat
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 from services.router.scheduling.incremental import changed_positions
@@ -55,6 +56,9 @@ if TYPE_CHECKING:
 
 
 _WORKERS = operator.attrgetter("workers")
+_IS_NOT = operator.is_not
+_EQ = operator.eq
+_UNRANKED = (False, 0.0)  # the key of a region that is not eligible (never read)
 
 
 class RegionSummary(NamedTuple):
@@ -175,8 +179,8 @@ class RegionStage:
     # Fleets smaller than this are decided whole: the stage is for scale, and on a handful of
     # workers it would only cost the ranked list its fallbacks in other regions.
     min_workers: int = 0
-    # id(summary) → (summary, (has free slots, score)): summaries are immutable
-    _keys: dict[int, tuple[RegionSummary, tuple[bool, float]]] = field(
+    # per query class (model, allowed regions): what select concluded about the last list
+    _rankings: dict[tuple[str, frozenset[str]], _Ranking] = field(
         default_factory=dict, init=False, repr=False, compare=False
     )
 
@@ -218,47 +222,62 @@ class RegionStage:
     ) -> tuple[tuple[str, ...], int]:
         """The chosen regions, best first, and how many regions were eligible.
 
-        A summary's rank key is computed once per summary object (a view hands in the same
-        object until its region changes), and ties are broken by a random rotation of the
-        list, so a decision over ~100 regions costs ~100 dictionary look-ups. With one region
-        to choose (the default), the best is found in the same pass, and the rotation is
-        applied only to the regions tied with it: the same choice, without a key tuple per
-        region."""
+        Ranked by (has free slots, score), ties broken by a random rotation of the eligible
+        list. This runs on every decision over ~100 regions, most of which have not changed
+        since the last one (a view hands in the same summary object until its region
+        changes). So, per query class, the eligibility and key of each position are kept
+        and recomputed only where the object differs (found in one C-level pass); the rest
+        — the eligible list, the best key and who ties with it — are C-level passes too. With
+        one region to choose (the default) the rotation is applied to the tied regions only:
+        the same choice as ranking every region's full key."""
         allowed = query.allowed_regions
         model = query.model
-        keys = self._keys
-        if len(keys) > 8192:
-            keys.clear()
-        get = keys.get
-        idx: list[int] = []
-        flags: list[tuple[bool, float]] = []
-        best: tuple[bool, float] | None = None
-        tied: list[int] = []  # positions in idx of the regions whose key equals best
-        for i, s in enumerate(summaries):  # eligible: residency, healthy, the model ready
-            if not (s.healthy and model in s.models and (not allowed or s.region in allowed)):
-                continue
-            cached = get(id(s))
-            if cached is None or cached[0] is not s:
-                cached = (s, (s.free > 0, self.score(s)))
-                keys[id(s)] = cached
-            key = cached[1]
-            if best is None or key > best:
-                best = key
-                tied = [len(idx)]
-            elif key == best:
-                tied.append(len(idx))
-            idx.append(i)
-            flags.append(key)
+        n_all = len(summaries)
+        memo = self._rankings.get((model, allowed))
+        changed: Iterable[int]
+        if memo is None or len(memo.rows) != n_all:
+            if len(self._rankings) >= 64:
+                self._rankings.clear()
+            memo = _Ranking(list(summaries), [False] * n_all, [_UNRANKED] * n_all)
+            self._rankings[(model, allowed)] = memo
+            changed = range(n_all)
+        else:
+            changed = list(compress(range(n_all), map(_IS_NOT, summaries, memo.rows)))
+        rows, eligible, keys = memo.rows, memo.eligible, memo.keys
+        for i in changed:  # eligible: residency, healthy, the model ready
+            s = summaries[i]
+            rows[i] = s
+            ok = bool(s.healthy and model in s.models and (not allowed or s.region in allowed))
+            eligible[i] = ok
+            keys[i] = (s.free > 0, self.score(s)) if ok else _UNRANKED
+        idx = list(compress(range(n_all), eligible))
         n = len(idx)
         if n <= self.max_regions:
             return tuple(summaries[i].region for i in idx), n
+        flags = list(compress(keys, eligible))
         off = rng.randrange(n)
         if self.max_regions == 1:
+            tied = compress(range(n), map(_EQ, flags, repeat(max(flags))))
             j = max(tied, key=lambda j: (j - off) % n)
             return (summaries[idx[j]].region,), n
         ranked = [(*flags[j], (j - off) % n, i) for j, i in enumerate(idx)]
         top = heapq.nlargest(self.max_regions, ranked)
         return tuple(summaries[t[3]].region for t in top), n
+
+
+class _Ranking:
+    """``RegionStage.select``'s memo for one query class: the summaries it last saw, by
+    position, whether each was eligible, and its rank key. Holding the summaries keeps the
+    identity comparison sound (an object cannot be freed and its id reused meanwhile)."""
+
+    __slots__ = ("eligible", "keys", "rows")
+
+    def __init__(
+        self, rows: list[RegionSummary], eligible: list[bool], keys: list[tuple[bool, float]]
+    ) -> None:
+        self.rows = rows
+        self.eligible = eligible
+        self.keys = keys
 
 
 def read_stage(raw: object) -> RegionStage:
