@@ -200,7 +200,7 @@ def test_the_region_stage_chooses_as_a_fresh_one_would_while_summaries_change() 
     that are new objects: its choice must be what a stage seeing the list for the first time
     picks, with the same random draws, whatever changed in between."""
     rng = random.Random(7)
-    models = (frozenset({"m"}), frozenset({"m", "n"}), frozenset())
+    models: tuple[frozenset[str], ...] = (frozenset({"m"}), frozenset({"m", "n"}), frozenset())
 
     def summary(i: int) -> RegionSummary:
         cap = rng.choice((4, 8, 400))
