@@ -146,11 +146,11 @@ class Planet:
         self.last_report: list[Report] = [
             self._idle_report(i, 0.0) for i in range(len(self.engines))
         ]
+        # id(model list) → (that list, its READY names): see _ready
+        self._ready_names: dict[int, tuple[tuple[ModelStatus, ...], tuple[str, ...]]] = {}
         # Each region's aggregate at its source (healthy, slots, busy, {ready model: count})
         # and each worker's part in it: updated once per report, read by every replica's
         # region stage at its own horizon through the region's log.
-        # id(model list) → (that list, its READY names): see _ready
-        self._ready_names: dict[int, tuple[tuple[ModelStatus, ...], tuple[str, ...]]] = {}
         self.agg: list[list[Any]] = [[0, 0, 0, {}] for _ in self.regions]
         self.agg_models: list[frozenset[str]] = [frozenset() for _ in self.regions]
         self.part: list[tuple[int, int, int, tuple[str, ...]]] = [(0, 0, 0, ())] * len(self.engines)

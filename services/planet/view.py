@@ -231,7 +231,7 @@ class SiteView:
                 self._summary_list.append(placeholder)
         self._summary_key: list[tuple[object, ...] | None] = [None] * regions
         self._valid_until = [-math.inf if at >= 0 else math.inf for at in self._summary_at]
-        self._waiting_at = [-1] * regions  # per region: the log length it waits on to grow
+        self._waiting_at = [-1] * regions  # per region: the change count it waits beyond
 
     # --- inputs (timestamped with when they reach this site) ------------------------------
 
@@ -339,10 +339,9 @@ class SiteView:
         site, or this replica's own requests in flight there or its RTT change; most do not
         between two decisions. So each region keeps the sent-time before which its summary
         stands (the first unread change's; +inf after reading them all, until the next change
-        sets it), and one
-        C-level pass picks the regions whose horizon has reached it; only those are read
-        again. A re-read that finds the same figures keeps the old object,
-        so the region stage's keys, cached per summary object, still hold."""
+        sets it), and one C-level pass picks the regions whose horizon has reached it; only
+        those are read again. A re-read that finds the same figures keeps the old object, so
+        the region stage (which re-ranks a region only when handed a new object) skips it."""
         now = self._now
         due = compress(
             range(len(self._valid_until)),
