@@ -172,6 +172,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"residency violations {r['residency_violations']}  "
             f"oscillation {r['oscillation']:.3f}  "
             f"{r['run']['simulated_requests_per_wall_s']:,.0f} req/wall-s  "
+            f"{r['run']['simulated_requests_per_cpu_s']:,.0f} req/CPU-s  "
             f"RSS {r['run']['peak_rss_mib']:,.0f} MiB"
         )
     args.out.mkdir(parents=True, exist_ok=True)

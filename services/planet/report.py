@@ -107,6 +107,10 @@ def summarise(planet: Planet, stats: RunStats, profile_name: str) -> dict[str, A
             "simulated_requests_per_wall_s": round(stats.requests / stats.wall_s, 1)
             if stats.wall_s
             else None,
+            "cpu_s": round(stats.cpu_s, 2),
+            "simulated_requests_per_cpu_s": round(stats.requests / stats.cpu_s, 1)
+            if stats.cpu_s
+            else None,
             "decisions": stats.decisions,
             "events": stats.events,
             "peak_rss_mib": round(stats.peak_rss_mib, 1),
@@ -206,8 +210,9 @@ def write_markdown(results: list[dict[str, Any]], out: Path) -> Path:
         run = r["run"]
         lines += [
             "",
-            f"Run: {run['wall_s']:,} s wall, {run['decisions']:,} decisions, {run['events']:,} "
-            f"events; memory estimate {run['memory_estimate_mib']:,} MiB "
+            f"Run: {run['wall_s']:,} s wall ({run.get('cpu_s', '?')} s CPU), "
+            f"{run['decisions']:,} decisions, {run['events']:,} events; "
+            f"memory estimate {run['memory_estimate_mib']:,} MiB "
             f"({run['memory_breakdown']}), peak RSS {run['peak_rss_mib']:,} MiB.",
         ]
         if r["decisions_sampled"]:

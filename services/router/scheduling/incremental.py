@@ -35,7 +35,6 @@ comparison is sound: a snapshot cannot be freed, and its id reused, while a view
 
 from __future__ import annotations
 
-import heapq
 import operator
 from collections import OrderedDict
 from collections.abc import Hashable, Sequence
@@ -50,6 +49,7 @@ from services.router.scheduling.plugin import (
     WorkerScorer,
     nearest_rtt_ms,
 )
+from services.router.scheduling.ranking import kth_largest
 from services.router.scheduling.types import (
     Contribution,
     NoCandidate,
@@ -184,7 +184,7 @@ class ClassMemo:
             return None
         short = self.short
         if short is None or self.depth < _MIN_DEPTH or len(short) > _MAX_SHORTLIST:
-            self.floor = heapq.nlargest(_SHORTLIST, totals)[-1]
+            self.floor = kth_largest(totals, _SHORTLIST)
             slots = compress(range(len(totals)), map(_LE, repeat(self.floor), totals))
             short = set(map(self.positions.__getitem__, slots))
             if len(short) > _MAX_SHORTLIST:

@@ -3,14 +3,18 @@ order, replicas see the world late."""
 
 from __future__ import annotations
 
+import bisect
+import gc
 from pathlib import Path
 from typing import Any
 
+import pytest
 import yaml
 
 from services.planet.scenario import build
-from services.planet.sim import Planet
+from services.planet.sim import Planet, long_lived_heap
 from services.planet.view import RegionLog, Report, SiteView, StaticWorker
+from services.router.scheduling.regional import RegionSummary
 from services.router.scheduling.types import ModelState, ModelStatus
 
 from .conftest import ROOT
@@ -110,6 +114,27 @@ def test_a_replica_reads_a_regions_aggregate_one_way_late_plus_its_own_requests(
     assert view.summaries()[0].busy == 6
 
 
+def test_a_replicas_region_summary_is_re_read_only_when_something_reached_it() -> None:
+    models = (ModelStatus("m", ModelState.READY, 8192),)
+    idle = Report(0.0, 0, 0, 0.0, 0.0, 0.0, 0.0, models, False, ())
+    workers = [StaticWorker("w1", "far", 0, "sim://w1", 8)]
+    view = SiteView("s", workers, rtt_ms=[200.0], loss=[0.0], initial=[idle])
+    log = RegionLog((1, 8, 0, frozenset({"m"})))
+    view.advance(1.0, [log])
+    (first,) = view.summaries()
+    log.append(1.0, 0, idle, (1, 8, 0, frozenset({"m"})))  # same figures, on its way
+    log.append(1.01, 0, idle, (1, 8, 3, frozenset({"m"})))
+    view.advance(1.09, [log])
+    assert view.summaries()[0] is first  # nothing has arrived from there yet
+    view.advance(1.10, [log])
+    assert view.summaries()[0] is first  # the first report arrived: same figures, same object
+    view.advance(1.11, [log])
+    (second,) = view.summaries()
+    assert second.busy == 3
+    view.assign(0, 7)  # this replica's own request: read again at once
+    assert view.summaries()[0].busy == 4
+
+
 def test_a_profile_with_region_pre_selection_routes_the_small_world(
     small: dict[str, Any], tmp_path: Path
 ) -> None:
@@ -130,3 +155,49 @@ def test_a_profile_with_region_pre_selection_routes_the_small_world(
     assert by_interval[20].get("jp", 0) == 0
     assert by_interval[30].get("jp", 0) > 0
     assert any("[regions:" in str(d) for d in m.samples)
+
+
+def test_every_region_summary_a_replica_hands_out_is_what_a_fresh_read_would_give(
+    small: dict[str, Any], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The summaries are re-read only when something can have changed them (view.py); this
+    checks each one, at every decision of a run with an outage, against reading the region's
+    log at the replica's horizon from scratch."""
+    doc = yaml.safe_load((ROOT / "deploy/router/profiles/default.yaml").read_text())
+    doc["profiles"]["default"]["regions"] = {"max_regions": 1}
+    profile = tmp_path / "regional.yaml"
+    profile.write_text(yaml.safe_dump(doc))
+    small["duration_s"] = 20
+    small["router"] = {"profile": str(profile)}
+    small["events"] = [{"kind": "region-outage", "region": "jp", "at_s": 5, "duration_s": 5}]
+    checked = [0]
+    summaries = SiteView.summaries
+
+    def checking(view: SiteView) -> list[RegionSummary]:
+        out = summaries(view)
+        for g, at in enumerate(view._summary_at):
+            if at < 0:
+                continue
+            log = view._logs[g]
+            i = bisect.bisect_right(log.change_times, view._now - view.owd_s[g])
+            healthy, cap, busy, models = log.change_aggs[i - 1] if i else log.initial
+            s = out[at]
+            assert (s.healthy, s.capacity, s.busy, s.rtt_ms, s.models) == (
+                healthy, cap, min(cap, busy + view._own[g]),
+                view.rtt_ms[g] if healthy else None, models,
+            )  # fmt: skip
+            checked[0] += 1
+        return out
+
+    monkeypatch.setattr(SiteView, "summaries", checking)
+    run(small)
+    assert checked[0] > 1000
+
+
+def test_a_run_leaves_the_garbage_collector_as_it_found_it() -> None:
+    before = gc.get_threshold()
+    with long_lived_heap():
+        assert gc.get_threshold() != before
+        assert gc.get_freeze_count() > 0
+    assert gc.get_threshold() == before
+    assert gc.get_freeze_count() == 0

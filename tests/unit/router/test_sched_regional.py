@@ -16,7 +16,7 @@ from services.common.clock import SYSTEM_CLOCK
 from services.router.fleet import Fleet
 from services.router.scheduling.framework import SchedulerProfile
 from services.router.scheduling.profile import ProfileError, load_profile
-from services.router.scheduling.regional import RegionIndex, RegionStage
+from services.router.scheduling.regional import RegionIndex, RegionStage, RegionSummary
 from services.router.scheduling.types import (
     ModelState,
     ModelStatus,
@@ -164,3 +164,63 @@ def test_a_fleet_below_min_workers_is_decided_whole() -> None:
         RouteQuery("q", "m"), RegionIndex().update(rows)
     )
     assert "[regions: jp of 4]" in d.explanation
+
+
+def test_an_unexplained_decision_ranks_exactly_as_an_explained_one() -> None:
+    """``explain=False`` (the simulator's unsampled decisions) skips contributions and the
+    winner line only: same workers, same order, same scores, same random draws, decision
+    after decision, with and without the region stage."""
+    rng = random.Random(11)
+    regions = {f"r{i}": (rng.uniform(2.0, 200.0), rng.randrange(5)) for i in range(8)}
+    rows = fleet_rows(regions)
+    for stage in ({}, {"max_regions": 1}, {"max_regions": 3}):
+        explained, bare = profile(**stage), profile(**stage)
+        index_a, index_b = RegionIndex(), RegionIndex()
+        for n in range(40):
+            w = rng.randrange(len(rows))
+            row = rows[w]
+            rows[w] = WorkerSnapshot(
+                row.worker_id, row.region, row.address, models=READY, rtt_ms=row.rtt_ms,
+                max_running=4, running=rng.randrange(5),
+            )  # fmt: skip
+            query = RouteQuery(f"q{n}", "m", session_id=f"s{n % 5}")
+            a = explained.schedule_view(query, index_a.update(rows))
+            b = bare.schedule_view(query, index_b.update(rows), explain=False)
+            assert [(s.worker.worker_id, s.score) for s in a.ranked] == [
+                (s.worker.worker_id, s.score) for s in b.ranked
+            ]
+            assert a.explanation
+            assert a.ranked[0].contributions
+            assert b.explanation == ""
+            assert b.ranked[0].contributions == ()
+
+
+def test_the_region_stage_chooses_as_a_fresh_one_would_while_summaries_change() -> None:
+    """``select`` keeps per-position keys across decisions and recomputes only the summaries
+    that are new objects: its choice must be what a stage seeing the list for the first time
+    picks, with the same random draws, whatever changed in between."""
+    rng = random.Random(7)
+    models: tuple[frozenset[str], ...] = (frozenset({"m"}), frozenset({"m", "n"}), frozenset())
+
+    def summary(i: int) -> RegionSummary:
+        cap = rng.choice((4, 8, 400))
+        return RegionSummary(
+            f"r{i}", 3, rng.randrange(2), cap, rng.randrange(cap + 1),
+            rng.choice((None, 2.0, 40.0, 40.0, rng.uniform(1.0, 300.0))), rng.choice(models),
+        )  # fmt: skip
+
+    summaries = [summary(i) for i in range(30)]
+    for max_regions in (1, 3):
+        kept = RegionStage(max_regions=max_regions)
+        for n in range(300):
+            for _ in range(rng.randrange(4)):
+                i = rng.randrange(len(summaries))
+                summaries[i] = summary(i)
+            allowed = frozenset() if n % 3 else frozenset(f"r{i}" for i in range(0, 30, 2))
+            query = RouteQuery(f"q{n}", rng.choice(("m", "n")), allowed_regions=allowed)
+            seed = rng.random()
+            got = kept.select(query, summaries, random.Random(seed))
+            fresh = RegionStage(max_regions=max_regions).select(
+                query, list(summaries), random.Random(seed)
+            )
+            assert got == fresh

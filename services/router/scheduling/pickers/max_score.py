@@ -35,6 +35,9 @@ from services.router.scheduling.ranking import top_k
 from services.router.scheduling.types import RouteQuery
 
 _LE = operator.le
+_EQ = operator.eq
+_AND = operator.and_
+_REGION = operator.attrgetter("region")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -67,10 +70,11 @@ class MaxScorePicker(Picker):
         floor = totals[top[0]] - self.near_equal
         if totals[top[1]] < floor:
             return tuple(top)  # the best stands alone: the common case, decided in O(k)
-        band = list(compress(range(len(totals)), map(_LE, repeat(floor), totals)))
-        if not self.near_equal_across:
+        near = map(_LE, repeat(floor), totals)
+        if not self.near_equal_across:  # (one C-level pass: this runs on most decisions)
             region = scored.candidates[top[0]].region
-            band = [i for i in band if scored.candidates[i].region == region]
+            near = map(_AND, near, map(_EQ, map(_REGION, scored.candidates), repeat(region)))
+        band = list(compress(range(len(totals)), near))
         primary = band[int(scored.rng.random() * len(band))]
         rest = [i for i in top if i != primary]
         return (primary, *rest[: k - 1])
