@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import platform
 import random
@@ -45,6 +46,7 @@ import uvloop
 from bench._cpu import cpu_seconds
 from meridian.v1 import router_pb2
 from services.common.clock import SYSTEM_CLOCK
+from services.common.errors import InvalidRequest
 from services.edge.counters import EdgeCounters
 from services.edge.upstream.resilient_router import ResilientRouter
 from services.edge.upstream.router_client import RouterClient
@@ -130,16 +132,30 @@ def route_request(rng: random.Random, k: int) -> router_pb2.RouteRequest:
     return req
 
 
-async def drive(router: ResilientRouter, rate: float, seconds: float, rng: random.Random) -> int:
+async def drive(
+    router: ResilientRouter,
+    rate: float,
+    seconds: float,
+    rng: random.Random,
+    *,
+    floor: bool = False,
+) -> int:
     """Open loop at ``rate`` requests/s for ``seconds``: Route, then a SUCCESS outcome. Returns
-    the number of errors."""
+    the number of errors. ``floor``: requests without a model, refused at once by validation
+    (no decision, no outcome): what a Route costs the router before any routing."""
     errors = 0
     pending: set[asyncio.Task[None]] = set()
 
     async def one(k: int) -> None:
         nonlocal errors
+        request = route_request(rng, k)
+        if floor:
+            request.model = ""
+            with contextlib.suppress(InvalidRequest):
+                await router.route(request)
+            return
         try:
-            result = await router.route(route_request(rng, k))
+            result = await router.route(request)
         except Exception:  # noqa: BLE001 - counted, the bench goes on
             errors += 1
             return
@@ -184,7 +200,8 @@ async def measure(
     """The idle phase, then each rate with each transport (one client per transport, as one
     edge process would hold: the unary one never opens the stream)."""
     clients = {
-        t: RouterClient(f"127.0.0.1:{port}", stream=t == "stream") for t in ("stream", "unary")
+        t: RouterClient(f"127.0.0.1:{port}", stream=t != "unary")
+        for t in ("stream", "unary", "floor")
     }
     routers = {
         t: ResilientRouter(client=c, clock=SYSTEM_CLOCK, counters=EdgeCounters())
@@ -198,7 +215,7 @@ async def measure(
     try:
         await wait_for_workers(clients["stream"], workers)
         for t in transports:  # warm-up: imports, caches, gRPC channels and the stream
-            await drive(routers[t], 100, 1, rng)
+            await drive(routers[t], 100, 1, rng, floor=t == "floor")
         await asyncio.sleep(1)
         before = cpu_seconds([pid])
         await asyncio.sleep(seconds)
@@ -207,7 +224,7 @@ async def measure(
             for t in transports:
                 t0 = time.monotonic()
                 before = cpu_seconds([pid])
-                errors = await drive(routers[t], rate, seconds, rng)
+                errors = await drive(routers[t], rate, seconds, rng, floor=t == "floor")
                 await asyncio.sleep(0.1)  # the last outcome batch lands
                 used = cpu_seconds([pid]) - before
                 phases.append(
@@ -240,9 +257,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--transports",
         nargs="+",
-        choices=["stream", "unary"],
-        default=["unary", "stream"],
-        help="how the client reaches the router: RouteStream, or unary Route + ReportOutcomes",
+        choices=["stream", "unary", "floor"],
+        default=["unary", "stream", "floor"],
+        help="how the client reaches the router: RouteStream, or unary Route + ReportOutcomes; "
+        "floor: RouteStream with requests refused at once (the cost before any routing)",
     )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument("--profile", action="store_true", help="print the router's pid and wait")
