@@ -3,6 +3,7 @@ workers, driven by the edge's own router client (Route, batched outcome reports,
 refresh) at a steady rate.
 
     .venv/bin/python -m bench.router_cpu [--workers 2] [--rates 20 200] [--seconds 5]
+        [--transports unary stream floor]
 
 Processes: N ``services.worker --engine sim`` (default report and probe intervals: a load
 report every 100 ms and a probe every 250 ms per worker, as ``make run`` has them) and one
@@ -12,6 +13,15 @@ exporter. The client is this process: the edge's :class:`ResilientRouter` over
 :class:`RouterClient` (``GetView`` every 2 s, outcomes batched every 20 ms), sending
 Route requests open loop at ``rate`` per second (half of them a conversation with a session
 and prefix hashes, as ``bench.router_rpc`` sends) and a SUCCESS outcome for each decision.
+Each rate runs once per transport: ``unary`` (a Route call per request, outcomes in
+``ReportOutcomes`` calls), ``stream`` (RouteStream: both as messages on one stream, outcomes
+riding with the next request) and ``floor`` (RouteStream with requests that validation
+refuses at once: the gRPC and span cost before any routing, the part Python code in the
+router cannot remove).
+
+Open loop is the pessimistic case for outcomes: at 20/s the next request comes 50 ms after
+an outcome, so each outcome leaves alone when its 20 ms flush is due; an edge in a closed
+loop sends the next Route moments after a stream ends, and the outcome rides with it.
 
 The router's CPU time (utime + stime of the process and its threads, from ``/proc``) is read
 before and after each phase:
@@ -283,21 +293,24 @@ def main(argv: list[str] | None = None) -> int:
         f"{'rate':>8} {'transport':>9} {'requests':>9} {'errors':>7} {'all-in µs/req':>14} "
         f"{'own µs/req':>11}"
     )
-    worst = 0.0
+    worst: float | None = None
     for ph in phases[1:]:
         own = (ph.cpu_s - idle_per_s * ph.seconds) / ph.requests * 1e6
         if ph.transport == "stream":
-            worst = max(worst, own)
+            worst = own if worst is None else max(worst, own)
         print(
             f"{ph.label:>8} {ph.transport:>9} {ph.requests:>9} {ph.errors:>7} "
             f"{ph.cpu_s / ph.requests * 1e6:>14.0f} {own:>11.0f}"
         )
     print()
-    verdict = "met" if worst <= GOAL_US else "NOT met"
-    print(
-        f"goal: router CPU <= {GOAL_US:.0f} µs per request (stream) — {verdict} "
-        f"(worst {worst:.0f} µs)"
-    )
+    if worst is None:
+        print(f"goal: router CPU <= {GOAL_US:.0f} µs per request — not measured (no stream run)")
+    else:
+        verdict = "met" if worst <= GOAL_US else "NOT met"
+        print(
+            f"goal: router CPU <= {GOAL_US:.0f} µs per request (stream, own share) — {verdict} "
+            f"(worst {worst:.0f} µs)"
+        )
     return 0
 
 
