@@ -166,8 +166,10 @@ async def drive(
             return
         try:
             result = await router.route(request)
-        except Exception:  # noqa: BLE001 - counted, the bench goes on
+        except Exception as err:  # noqa: BLE001 - counted, the bench goes on
             errors += 1
+            if errors == 1:
+                print(f"first error at {rate:g}/s: {type(err).__name__}: {err}", flush=True)
             return
         router.report_outcome(
             router_pb2.OutcomeReport(

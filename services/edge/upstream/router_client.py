@@ -188,7 +188,7 @@ class RouterClient:
         if not outcomes:
             return
         stream = self._stream
-        if stream is not None and not stream.closed:
+        if stream is not None and stream.answered and not stream.closed:
             stream.send_outcomes(outcomes)
             return
         batch = router_pb2.OutcomeBatch(reports=outcomes)
@@ -228,6 +228,9 @@ class _RouteStream:
 
     def __init__(self, stub: router_pb2_grpc.RouterStub) -> None:
         self.closed = False
+        #: The router has answered on this stream: it has RouteStream, so outcomes sent alone
+        #: on it are not lost to an UNIMPLEMENTED (until then they go as unary batches).
+        self.answered = False
         self._queue: asyncio.Queue[router_pb2.RouteStreamRequest | None] = asyncio.Queue()
         self._waiting: dict[int, asyncio.Future[router_pb2.RouteStreamResponse]] = {}
         self._ids = itertools.count(1)
@@ -242,6 +245,7 @@ class _RouteStream:
         failure: BaseException = _unreachable()
         try:
             async for answer in self._call:
+                self.answered = True
                 waiter = self._waiting.pop(answer.call_id, None)
                 if waiter is not None and not waiter.done():
                     waiter.set_result(answer)
