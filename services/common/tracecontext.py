@@ -27,6 +27,12 @@ def extract_metadata(metadata: Iterable[tuple[str, str | bytes]] | None) -> Cont
     return _PROPAGATOR.extract(carrier)
 
 
+def extract_carrier(carrier: Mapping[str, str]) -> Context:
+    """The parent context from a message's own metadata map (a stream's per-message
+    ``traceparent``, where gRPC metadata is per call)."""
+    return _PROPAGATOR.extract(carrier)
+
+
 def extract_headers(headers: Mapping[str, str]) -> Context:
     """The parent context from HTTP headers (``traceparent``), case-insensitively."""
     carrier = {k.lower(): v for k, v in headers.items() if k.lower() in _PROPAGATOR.fields}

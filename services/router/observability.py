@@ -7,10 +7,20 @@
   that won and by the signal that separated it most from the runner-up;
   ``meridian.router.empty_decisions{meridian.reason}``; decision and per-plugin cost in µs;
   healthy workers by region (a gauge read from the fleet at scrape time).
+
+Cost. ``record`` runs on every decision, so it does the least the metrics need: the two
+decision counters are plain dict counts read at collection time (observable counters: the
+same cumulative series, without the SDK's per-call attribute hashing), the decision cost is one
+histogram record, and the per-plugin costs (twenty-odd plugins, one histogram record each:
+more than the decision itself) are recorded for one decision in ``plugin_sample_every`` — the
+first one always. Every decision's per-plugin timings stay in the journal's
+:class:`~services.router.journal.PluginTimings` (the debug endpoint), unsampled.
 """
 
 from __future__ import annotations
 
+import collections
+import itertools
 from collections.abc import Callable, Iterable, Mapping
 
 from opentelemetry import trace
@@ -46,15 +56,29 @@ class RouterTelemetry:
         tracer: trace.Tracer | None = None,
         meter: Meter | None = None,
         snapshots: Callable[[], Iterable[WorkerSnapshot]] | None = None,
+        plugin_sample_every: int = 16,
     ) -> None:
+        if plugin_sample_every < 1:
+            raise ValueError("plugin_sample_every must be >= 1")
         self.tracer = tracer or trace.NoOpTracer()
         meter = meter or NoOpMeter("meridian.router")
         self._snapshots = snapshots or (lambda: ())
-        self.decisions = meter.create_counter(
-            mn.ROUTER_DECISIONS, unit="{decision}", description="Decisions by region and signal"
+        self._plugin_sample_every = plugin_sample_every
+        self._recorded = itertools.count()
+        # (region, signal) → decisions; reason → empty decisions: read at collection time.
+        self._decided: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._empty: collections.Counter[str] = collections.Counter()
+        meter.create_observable_counter(
+            mn.ROUTER_DECISIONS,
+            callbacks=[self._observe_decisions],
+            unit="{decision}",
+            description="Decisions by region and signal",
         )
-        self.empty = meter.create_counter(
-            mn.ROUTER_EMPTY, unit="{decision}", description="Requests no worker could take"
+        meter.create_observable_counter(
+            mn.ROUTER_EMPTY,
+            callbacks=[self._observe_empty],
+            unit="{decision}",
+            description="Requests no worker could take",
         )
         self.decision_us = meter.create_histogram(
             mn.ROUTER_DECISION_DURATION, unit="us", description="Cost of one Route decision"
@@ -77,24 +101,34 @@ class RouterTelemetry:
                 healthy[w.region] += 1
         return [Observation(n, {mn.REGION: r}) for r, n in sorted(healthy.items())]
 
+    def _observe_decisions(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [
+            Observation(n, {mn.REGION: region, mn.SIGNAL: signal})
+            for (region, signal), n in list(self._decided.items())
+        ]
+
+    def _observe_empty(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(n, {mn.REASON: reason}) for reason, n in list(self._empty.items())]
+
     def record(self, decision: Decision, elapsed_us: float, span: trace.Span) -> None:
         """Metrics and span attributes for one decision (empty or not)."""
         self.decision_us.record(elapsed_us)
-        for plugin, us in decision.plugin_timings_us.items():
-            self.plugin_us.record(us, {mn.PLUGIN: plugin})
+        if next(self._recorded) % self._plugin_sample_every == 0:
+            for plugin, us in decision.plugin_timings_us.items():
+                self.plugin_us.record(us, {mn.PLUGIN: plugin})
         recording = span.is_recording()
         if recording:
             span.set_attribute("meridian.decision_us", round(elapsed_us, 1))
             span.set_attribute("meridian.filtered", len(decision.rejected))
         if not decision.ranked:
             reason = decision.empty_reason.value if decision.empty_reason else "unavailable"
-            self.empty.add(1, {mn.REASON: reason})
+            self._empty[reason] += 1
             if recording:
                 span.set_attribute("meridian.empty_reason", reason)
             return
         winner = decision.ranked[0]
         signal = deciding_signal(decision)
-        self.decisions.add(1, {mn.REGION: winner.worker.region, mn.SIGNAL: signal})
+        self._decided[(winner.worker.region, signal)] += 1
         if recording:
             span.set_attribute(mn.WORKER, winner.worker.worker_id)
             span.set_attribute(mn.REGION, winner.worker.region)

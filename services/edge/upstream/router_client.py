@@ -1,10 +1,22 @@
 """The edge's client for the router (decisions): ``RouterClient`` asks for a ranked list of
-candidates and reports outcomes back without waiting for them (batched)."""
+candidates and reports outcomes back without waiting for them (batched).
+
+Route calls and outcome reports travel over one ``RouteStream`` per client (opened on the
+first call, reopened after it breaks): a unary call costs the router more CPU in gRPC than
+its decision, a message on an open stream about half as much, and the outcomes gathered since
+the last message ride along with the next request instead of costing a call of their own
+(bench/router_cpu.py). A router without RouteStream (UNIMPLEMENTED) is asked with unary
+``Route`` and ``ReportOutcomes`` from then on, as is any client built with ``stream=False``.
+Errors are the same either way: the router's own verdicts arrive in the stream's answer as
+the status unary Route would have ended with; a stream that breaks, or an answer later than
+``timeout_s``, is :class:`RouterUnreachable`.
+"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -57,6 +69,7 @@ class RouterClient:
         timeout_s: float = 2.0,
         outcome_flush_s: float = 0.02,
         max_outcome_batch: int = 512,
+        stream: bool = True,
     ) -> None:
         self._channel = insecure_channel(address)
         self._stub = router_pb2_grpc.RouterStub(self._channel)
@@ -66,8 +79,28 @@ class RouterClient:
         self._outcomes: list[router_pb2.OutcomeReport] = []
         self._flush_handle: asyncio.TimerHandle | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._use_stream = stream
+        self._stream: _RouteStream | None = None
 
     async def route(self, request: router_pb2.RouteRequest) -> RouteResult:
+        if self._use_stream:
+            stream = self._stream
+            if stream is None or stream.closed:
+                stream = self._stream = _RouteStream(self._stub)
+            outcomes = self._take_outcomes()
+            try:
+                resp = await stream.route(request, outcomes, self._timeout_s)
+                return RouteResult(
+                    decision_id=resp.decision_id,
+                    candidates=tuple(resp.candidates),
+                    explanation=resp.explanation,
+                )
+            except _StreamUnsupported:
+                event(log, "router.stream_unsupported", level=logging.DEBUG)
+                self._use_stream = False
+                self._stream = None
+                for report in outcomes:  # never sent: they leave with the unary batch
+                    self.report_outcome(report)
         try:
             resp = await self._stub.Route(
                 request, timeout=self._timeout_s, metadata=inject_metadata() or None
@@ -142,14 +175,23 @@ class RouterClient:
             loop = asyncio.get_running_loop()
             self._flush_handle = loop.call_later(self._outcome_flush_s, self._flush)
 
-    def _flush(self) -> None:
+    def _take_outcomes(self) -> list[router_pb2.OutcomeReport]:
+        """The outcomes waiting to leave (they go with the next Route message)."""
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
-        if not self._outcomes:
+        taken, self._outcomes = self._outcomes, []
+        return taken
+
+    def _flush(self) -> None:
+        outcomes = self._take_outcomes()
+        if not outcomes:
             return
-        batch = router_pb2.OutcomeBatch(reports=self._outcomes)
-        self._outcomes = []
+        stream = self._stream
+        if stream is not None and stream.answered and not stream.closed:
+            stream.send_outcomes(outcomes)
+            return
+        batch = router_pb2.OutcomeBatch(reports=outcomes)
 
         async def send() -> None:
             with contextlib.suppress(grpc.aio.AioRpcError):
@@ -161,9 +203,112 @@ class RouterClient:
 
     async def close(self) -> None:
         self._flush()
+        if self._stream is not None:
+            await self._stream.close(timeout_s=1.0)
+            self._stream = None
         if self._background:
             await asyncio.wait(self._background, timeout=1.0)
         await self._channel.close(grace=None)
+
+
+class _StreamUnsupported(Exception):
+    """The router has no RouteStream (an older one): ask it with unary calls."""
+
+
+_STATUS_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
+
+
+def _unreachable() -> RouterUnreachable:
+    return RouterUnreachable("the router is unreachable; try again shortly", retry_after_s=1.0)
+
+
+class _RouteStream:
+    """One open RouteStream: messages out through a queue (one writer, as gRPC wants), and
+    a reader task that hands each answer to the call waiting for its ``call_id``."""
+
+    def __init__(self, stub: router_pb2_grpc.RouterStub) -> None:
+        self.closed = False
+        #: The router has answered on this stream: it has RouteStream, so outcomes sent alone
+        #: on it are not lost to an UNIMPLEMENTED (until then they go as unary batches).
+        self.answered = False
+        self._queue: asyncio.Queue[router_pb2.RouteStreamRequest | None] = asyncio.Queue()
+        self._waiting: dict[int, asyncio.Future[router_pb2.RouteStreamResponse]] = {}
+        self._ids = itertools.count(1)
+        self._call = stub.RouteStream(self._messages())
+        self._reader = asyncio.create_task(self._read(), name="router stream")
+
+    async def _messages(self) -> AsyncIterator[router_pb2.RouteStreamRequest]:
+        while (msg := await self._queue.get()) is not None:
+            yield msg
+
+    async def _read(self) -> None:
+        failure: BaseException = _unreachable()
+        try:
+            async for answer in self._call:
+                self.answered = True
+                waiter = self._waiting.pop(answer.call_id, None)
+                if waiter is not None and not waiter.done():
+                    waiter.set_result(answer)
+        except grpc.aio.AioRpcError as err:
+            code = err.code()
+            failure = (
+                _StreamUnsupported()
+                if code == grpc.StatusCode.UNIMPLEMENTED
+                else (_router_error(err))
+            )
+            event(log, "router.stream_failed", level=logging.DEBUG, code=code.name)
+        finally:
+            self.closed = True
+            self._queue.put_nowait(None)
+            waiting, self._waiting = self._waiting, {}
+            for waiter in waiting.values():
+                if not waiter.done():
+                    waiter.set_exception(failure)
+
+    async def route(
+        self,
+        request: router_pb2.RouteRequest,
+        outcomes: list[router_pb2.OutcomeReport],
+        timeout_s: float,
+    ) -> router_pb2.RouteResponse:
+        call_id = next(self._ids)
+        waiter: asyncio.Future[router_pb2.RouteStreamResponse] = (
+            asyncio.get_running_loop().create_future()
+        )
+        self._waiting[call_id] = waiter
+        self._queue.put_nowait(
+            router_pb2.RouteStreamRequest(
+                call_id=call_id,
+                request=request,
+                metadata=dict(inject_metadata()),
+                outcomes=outcomes,
+            )
+        )
+        try:
+            async with asyncio.timeout(timeout_s):
+                answer = await waiter
+        except TimeoutError:
+            event(log, "router.unreachable", level=logging.DEBUG, code="DEADLINE_EXCEEDED")
+            raise _unreachable() from None
+        finally:
+            self._waiting.pop(call_id, None)
+        if answer.code:
+            code = _STATUS_BY_VALUE.get(answer.code, grpc.StatusCode.UNKNOWN)
+            raise from_grpc(code, answer.message, tuple(answer.trailers.items()))
+        return answer.response
+
+    def send_outcomes(self, outcomes: list[router_pb2.OutcomeReport]) -> None:
+        self._queue.put_nowait(router_pb2.RouteStreamRequest(outcomes=outcomes))
+
+    async def close(self, *, timeout_s: float) -> None:
+        """End the stream after what is queued (the router applies it before the stream
+        ends), waiting at most ``timeout_s``."""
+        self._queue.put_nowait(None)
+        done, _ = await asyncio.wait({self._reader}, timeout=timeout_s)
+        if not done:
+            self._call.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._reader
 
 
 def _router_error(err: grpc.aio.AioRpcError) -> MeridianError:

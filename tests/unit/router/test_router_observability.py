@@ -1,3 +1,4 @@
+import pytest
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from prometheus_client.parser import text_string_to_metric_families
@@ -67,3 +68,28 @@ def test_decisions_become_metrics_and_span_attributes() -> None:
     assert any(s.labels.get("meridian_reason") == "saturated" for s in empty)
     workers = families["meridian_router_workers"].samples
     assert workers[0].labels["meridian_region"] == "kr"
+
+
+def test_plugin_costs_are_recorded_for_one_decision_in_n_and_decisions_counted_for_all() -> None:
+    tel = telemetry.setup("router", env={})
+    rt = RouterTelemetry(tracer=tel.tracer, meter=tel.meter, plugin_sample_every=4)
+    won = Decision(
+        ranked=(scored("far", "jp", latency=0.3, load=0.4), scored("near", "kr", latency=0.5)),
+        plugin_timings_us={"latency": 3.0, "total": 20.0},
+    )
+    span = tel.tracer.start_span("x")
+    for _ in range(9):  # decisions 1, 5 and 9 are sampled
+        rt.record(won, 25.0, span)
+    families = {f.name: f for f in text_string_to_metric_families(tel.prometheus_text().decode())}
+    plugin = families["meridian_router_plugin_duration_microseconds"].samples
+    counts = {s.labels["meridian_plugin"]: s.value for s in plugin if s.name.endswith("_count")}
+    assert counts == {"latency": 3, "total": 3}
+    decisions = families["meridian_router_decisions"].samples
+    assert [s.value for s in decisions if s.name.endswith("_total")] == [9]
+    cost = families["meridian_router_decision_duration_microseconds"].samples
+    assert [s.value for s in cost if s.name.endswith("_count")] == [9]
+
+
+def test_a_sampling_period_below_one_is_refused() -> None:
+    with pytest.raises(ValueError, match="plugin_sample_every"):
+        RouterTelemetry(plugin_sample_every=0)
