@@ -20,7 +20,8 @@ vllm-router (``vllm-router==0.1.17``) and LiteLLM (``litellm[proxy]==1.108.0``) 
 on first use into their own environment, ``.bench-peers/venv`` (``--peers-env``), never into
 Meridian's; a peer that cannot be installed or started is reported and skipped.
 ``--edge-workers 1 2`` also runs Meridian with two edge processes (``--workers 2``);
-``--worker-transports call mux`` also runs it with the edge's streams over GenerateMux.
+``--worker-transports call mux`` also runs it with one Generate call per stream
+(``meridian-call``; the default is the edge's, GenerateMux).
 
 The machine is shared and has 2 cores: the backend, the proxy and the client share them, so
 absolute figures move with the load average (printed); compare within one run.
@@ -240,7 +241,7 @@ async def fake_backend(workdir: Path, args: argparse.Namespace) -> AsyncIterator
 
 @contextlib.asynccontextmanager
 async def meridian(
-    workdir: Path, backend: Target, edge_workers: int, transport: str = "call"
+    workdir: Path, backend: Target, edge_workers: int, transport: str = "mux"
 ) -> AsyncIterator[Target]:
     """Redis, one worker with ``--engine openai`` in front of the backend, the router, the
     edge (``--workers edge_workers``, ``--worker-transport transport``); a tenant without
@@ -519,7 +520,7 @@ async def compare(args: argparse.Namespace) -> list[Row]:
                     for transport in args.worker_transports:
                         for n in args.edge_workers:
                             label = "meridian" if n == 1 else f"meridian-{n}e"
-                            label += "" if transport == "call" else f"-{transport}"
+                            label += "" if transport == "mux" else f"-{transport}"
                             print(f"starting {label} ...", flush=True)
                             systems[label] = await stack.enter_async_context(
                                 meridian(workdir, backend, n, transport)
@@ -651,8 +652,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--worker-transports",
         nargs="+",
         choices=("call", "mux"),
-        default=["call"],
-        help="Meridian's edge-to-worker transport (--worker-transport); 'call mux' runs both",
+        default=["mux"],
+        help="Meridian's edge-to-worker transport (--worker-transport, default mux); "
+        "'call mux' runs both",
     )
     p.add_argument("--peers-env", type=Path, default=REPO / ".bench-peers" / "venv")
     p.add_argument("--no-install", action="store_true")

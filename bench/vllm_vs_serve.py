@@ -5,7 +5,7 @@ on a 2-core host they would share the cores):
 
 - **meridian**: Redis, one vLLM worker (``python -m services.worker --engine vllm``), the
   router and the edge; the client talks to the edge, which asks the router and streams from
-  the worker over gRPC;
+  the worker over gRPC (GenerateMux; ``meridian-call``: one Generate call per stream);
 - **vllm serve**: ``python -m vllm.entrypoints.openai.api_server``, the server ``vllm serve``
   runs.
 
@@ -194,7 +194,7 @@ async def closed_loop(
 
 @contextlib.asynccontextmanager
 async def meridian(
-    model_dir: Path, workdir: Path, *, stale_after_ms: int, worker_transport: str = "call"
+    model_dir: Path, workdir: Path, *, stale_after_ms: int, worker_transport: str = "mux"
 ) -> AsyncIterator[Endpoint]:
     """Redis, one vLLM worker, the router and the edge, as ``make run ENGINE=vllm`` starts
     them, minus the delay proxy (no network distance to add here).
@@ -341,13 +341,13 @@ async def wait_http(url: str, procs: Sequence[ManagedProcess], *, timeout_s: flo
             await asyncio.sleep(0.2)
 
 
-def meridian_mux(model_dir: Path, workdir: Path, *, stale_after_ms: int) -> Any:
-    """Meridian with the edge's streams to the worker over one GenerateMux call."""
-    return meridian(model_dir, workdir, stale_after_ms=stale_after_ms, worker_transport="mux")
+def meridian_call(model_dir: Path, workdir: Path, *, stale_after_ms: int) -> Any:
+    """Meridian with one Generate call per stream (``--worker-transport call``)."""
+    return meridian(model_dir, workdir, stale_after_ms=stale_after_ms, worker_transport="call")
 
 
-SYSTEMS = {"meridian": meridian, "meridian-mux": meridian_mux, "vllm": vllm_serve}
-LABELS = {"meridian": "meridian", "meridian-mux": "meridian mux", "vllm": "vllm serve"}
+SYSTEMS = {"meridian": meridian, "meridian-call": meridian_call, "vllm": vllm_serve}
+LABELS = {"meridian": "meridian", "meridian-call": "meridian call", "vllm": "vllm serve"}
 
 
 # -- figures -----------------------------------------------------------------------------------
@@ -573,7 +573,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         "--systems",
         type=lambda s: [x.strip() for x in s.split(",")],
         default=["meridian", "vllm"],
-        help="which to run, in order: meridian, meridian-mux (GenerateMux transport), vllm",
+        help="which to run, in order: meridian, meridian-call (one Generate call per stream "
+        "instead of GenerateMux), vllm",
     )
     args = p.parse_args(argv)
     unknown = [s for s in args.systems if s not in SYSTEMS]
