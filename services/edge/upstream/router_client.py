@@ -18,6 +18,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Protocol
@@ -80,9 +81,13 @@ class RouterClient:
         self._flush_handle: asyncio.TimerHandle | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._use_stream = stream
+        self._wants_stream = stream
+        self._stream_retry_at = 0.0  # when a router that had no RouteStream is asked again
         self._stream: _RouteStream | None = None
 
     async def route(self, request: router_pb2.RouteRequest) -> RouteResult:
+        if self._wants_stream and not self._use_stream:
+            self._use_stream = time.monotonic() >= self._stream_retry_at  # upgraded since?
         if self._use_stream:
             stream = self._stream
             if stream is None or stream.closed:
@@ -98,6 +103,7 @@ class RouterClient:
             except _StreamUnsupported:
                 event(log, "router.stream_unsupported", level=logging.DEBUG)
                 self._use_stream = False
+                self._stream_retry_at = time.monotonic() + STREAM_RECHECK_S
                 self._stream = None
                 for report in outcomes:  # never sent: they leave with the unary batch
                     self.report_outcome(report)
@@ -216,6 +222,9 @@ class _StreamUnsupported(Exception):
 
 
 _STATUS_BY_VALUE = {c.value[0]: c for c in grpc.StatusCode}
+#: How long a router without RouteStream is asked with unary calls before the stream is tried
+#: again (it may have been upgraded, or the refusal was a restart's race).
+STREAM_RECHECK_S = 300.0
 
 
 def _unreachable() -> RouterUnreachable:
@@ -251,11 +260,17 @@ class _RouteStream:
                     waiter.set_result(answer)
         except grpc.aio.AioRpcError as err:
             code = err.code()
-            failure = (
-                _StreamUnsupported()
-                if code == grpc.StatusCode.UNIMPLEMENTED
-                else (_router_error(err))
-            )
+            # Per-request errors travel in answers: the stream itself breaking means the
+            # router is gone or unreachable — unless it never answered and said UNIMPLEMENTED
+            # (an older router), which grpc-core can also report as INTERNAL when the first
+            # message raced the reset: those calls go on as unary Routes.
+            if not self.answered and code in (
+                grpc.StatusCode.UNIMPLEMENTED,
+                grpc.StatusCode.INTERNAL,
+            ):
+                failure = _StreamUnsupported()
+            else:
+                failure = _unreachable()
             event(log, "router.stream_failed", level=logging.DEBUG, code=code.name)
         finally:
             self.closed = True
