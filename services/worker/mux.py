@@ -85,12 +85,12 @@ class _Stream:
         if self.credit > 0:
             self.has_credit.set()
 
-    async def spend(self) -> None:
-        """One chunk's credit; waits while there is none."""
+    async def wait_for_credit(self) -> None:
+        """Until the edge grants more (called only when there is none: the per-chunk check
+        stays inline, no coroutine per token)."""
         while self.credit <= 0:
             self.has_credit.clear()
             await self.has_credit.wait()
-        self.credit -= 1
 
 
 class MuxSession:
@@ -153,7 +153,9 @@ class MuxSession:
         try:
             async with contextlib.aclosing(self._handler(open_.request, context)) as chunks:
                 async for chunk in chunks:
-                    await stream.spend()
+                    if stream.credit <= 0:
+                        await stream.wait_for_credit()
+                    stream.credit -= 1
                     self._event(stream_id).chunk.CopyFrom(chunk)
             self._emit_end(stream_id, grpc.StatusCode.OK, "", {})
         except StreamAborted as aborted:

@@ -16,22 +16,21 @@ from dataclasses import dataclass
 
 import grpc
 from opentelemetry import trace
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import Status, StatusCode
 
 from meridian.v1 import router_pb2, worker_pb2
 from meridian.v1.router_pb2 import Outcome
 from services.common import metric_names as mn
 from services.common.errors import (
     UpstreamTimeout,
-    is_retryable_elsewhere,
 )
-from services.common.tracecontext import inject_metadata
 from services.edge.context import Reroute
 from services.edge.upstream.failover import (
-    _REFUSALS,
     FailoverPolicy,
     OutcomeSink,
     _stream_error,
+    attempt_span,
+    error_outcome,
     over_candidates,
 )
 from services.edge.upstream.router_client import RouteResult
@@ -100,23 +99,7 @@ async def _attempt(
     attempts: int,
     tracer: trace.Tracer,
 ) -> worker_pb2.EmbedResponse:
-    parent = trace.get_current_span()
-    span: trace.Span
-    if parent.is_recording():
-        span = tracer.start_span(
-            "edge.attempt",
-            kind=SpanKind.CLIENT,
-            attributes={
-                mn.WORKER: cand.worker_id,
-                mn.REGION: cand.region,
-                mn.OPERATION: "embeddings",
-                "meridian.attempt": attempts,
-                "server.address": cand.address,
-            },
-        )
-    else:
-        span = trace.NonRecordingSpan(parent.get_span_context())
-    metadata = inject_metadata(trace.set_span_in_context(span))
+    span, metadata = attempt_span(tracer, cand, attempts, **{mn.OPERATION: "embeddings"})
     outcome: Outcome = router_pb2.OUTCOME_CANCELLED
     try:
         resp = await workers.embed(
@@ -131,12 +114,7 @@ async def _attempt(
             outcome = router_pb2.OUTCOME_FAILED
             raise UpstreamTimeout("the worker did not answer in time") from None
         mapped = _stream_error(err)
-        if not is_retryable_elsewhere(mapped):
-            outcome = router_pb2.OUTCOME_CANCELLED  # the request's fault, not the worker's
-        elif err.trailing_metadata() and err.code() in _REFUSALS:
-            outcome = router_pb2.OUTCOME_REJECTED
-        else:
-            outcome = router_pb2.OUTCOME_FAILED
+        outcome = error_outcome(err, mapped)
         raise mapped from None
     finally:
         span.set_attribute(mn.OUTCOME, router_pb2.Outcome.Name(outcome))

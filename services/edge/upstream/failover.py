@@ -322,24 +322,7 @@ async def _attempt(
     tracer: trace.Tracer,
     choices: int = 1,
 ) -> UpstreamStream:
-    request_span = trace.get_current_span()
-    span: trace.Span
-    if request_span.is_recording():
-        span = tracer.start_span(
-            "edge.attempt",
-            kind=SpanKind.CLIENT,
-            attributes={
-                mn.WORKER: cand.worker_id,
-                mn.REGION: cand.region,
-                "meridian.attempt": attempts,
-                "server.address": cand.address,
-            },
-        )
-    else:
-        # Unsampled request: nothing to record, but the worker must still get the trace
-        # context (with its "not sampled" flag) so that it does not start a trace of its own.
-        span = trace.NonRecordingSpan(request_span.get_span_context())
-    metadata = inject_metadata(trace.set_span_in_context(span))
+    span, metadata = attempt_span(tracer, cand, attempts)
     call = workers.generate(cand.address, generate, timeout_s=None, metadata=metadata)
     # What to tell the router if this attempt does not become a stream.
     outcome: Outcome = router_pb2.OUTCOME_CANCELLED
@@ -368,12 +351,7 @@ async def _attempt(
         raise UpstreamTimeout("the worker did not produce a first token in time") from None
     except grpc.aio.AioRpcError as err:
         mapped = _stream_error(err)
-        if not is_retryable_elsewhere(mapped):
-            outcome = router_pb2.OUTCOME_CANCELLED  # the request's fault, not the worker's
-        elif err.trailing_metadata() and err.code() in _REFUSALS:
-            outcome = router_pb2.OUTCOME_REJECTED  # the worker said no (busy, draining)
-        else:
-            outcome = router_pb2.OUTCOME_FAILED
+        outcome = error_outcome(err, mapped)
         span.set_attribute("rpc.grpc.status_code", err.code().value[0])
         raise mapped from None
     finally:
@@ -389,4 +367,44 @@ async def _attempt(
 
 
 _REFUSALS = (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.RESOURCE_EXHAUSTED)
+
+
+def attempt_span(
+    tracer: trace.Tracer, cand: router_pb2.Candidate, attempts: int, **attributes: str
+) -> tuple[trace.Span, tuple[tuple[str, str], ...]]:
+    """The CLIENT span ``edge.attempt`` of one attempt on ``cand`` (and ``attributes``), and
+    the call metadata that carries its context to the worker.
+
+    An unsampled request records nothing, but the worker must still get the trace context
+    (with its "not sampled" flag) so that it does not start a trace of its own."""
+    request_span = trace.get_current_span()
+    span: trace.Span
+    if request_span.is_recording():
+        span = tracer.start_span(
+            "edge.attempt",
+            kind=SpanKind.CLIENT,
+            attributes={
+                mn.WORKER: cand.worker_id,
+                mn.REGION: cand.region,
+                **attributes,
+                "meridian.attempt": attempts,
+                "server.address": cand.address,
+            },
+        )
+    else:
+        span = trace.NonRecordingSpan(request_span.get_span_context())
+    return span, inject_metadata(trace.set_span_in_context(span))
+
+
+def error_outcome(err: grpc.aio.AioRpcError, mapped: MeridianError) -> Outcome:
+    """What to tell the router about an attempt that ended with ``err`` (``mapped``): the
+    request's own fault (no other worker would do better) is not the worker's; a refusal with
+    Meridian's trailers (busy, draining) is a rejection; anything else is a failure."""
+    if not is_retryable_elsewhere(mapped):
+        return router_pb2.OUTCOME_CANCELLED
+    if err.trailing_metadata() and err.code() in _REFUSALS:
+        return router_pb2.OUTCOME_REJECTED
+    return router_pb2.OUTCOME_FAILED
+
+
 _NO_TRACER = trace.NoOpTracer()

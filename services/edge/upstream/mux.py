@@ -27,7 +27,7 @@ import collections
 import contextlib
 import logging
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 import grpc
 
@@ -58,16 +58,11 @@ _STATUS = {c.value[0]: c for c in grpc.StatusCode}
 _NOT_SUPPORTED = (grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.INTERNAL)
 
 
-class _Call(Protocol):
-    async def read(self) -> Any: ...
+if TYPE_CHECKING:
+    from services.edge.upstream.worker_pool import TokenCall
 
-    def cancel(self) -> bool: ...
-
-    def done(self) -> bool: ...
-
-
-#: Opens the same stream as a Generate call (a worker that has no GenerateMux).
-Fallback = Callable[[worker_pb2.GenerateRequest, tuple[tuple[str, str], ...]], _Call]
+    #: Opens the same stream as a Generate call (a worker that has no GenerateMux).
+    Fallback = Callable[[worker_pb2.GenerateRequest, tuple[tuple[str, str], ...]], TokenCall]
 
 
 class MuxCall:
@@ -96,7 +91,7 @@ class MuxCall:
         self.stream_id = stream_id
         self.request = request
         self.metadata = metadata
-        self._delegate: _Call | None = None
+        self._delegate: TokenCall | None = None
         self._items: collections.deque[worker_pb2.MuxEvent | grpc.aio.AioRpcError] = (
             collections.deque()
         )
@@ -151,7 +146,7 @@ class MuxCall:
     def done(self) -> bool:
         return self._delegate.done() if self._delegate is not None else self._done
 
-    def _switch(self, delegate: _Call) -> None:
+    def _switch(self, delegate: TokenCall) -> None:
         """Go on as ``delegate`` (the same stream as a Generate call); nothing had arrived."""
         self._delegate = delegate
         waiter = self._waiter
