@@ -25,6 +25,7 @@ class WorkerProcess:
     proc: subprocess.Popen[bytes]
     address: str
     log: Path
+    metrics_port: int | None = None  # with --metrics-port
 
     def log_text(self) -> str:
         return self.log.read_text(errors="replace")
@@ -102,7 +103,7 @@ def start_vllm_worker(
             raise AssertionError(f"the worker did not listen:\n{log.read_text()[-4000:]}")
         time.sleep(0.05)
     info = json.loads(ready.read_text())
-    return WorkerProcess(proc, f"127.0.0.1:{info['port']}", log)
+    return WorkerProcess(proc, f"127.0.0.1:{info['port']}", log, info.get("metrics_port"))
 
 
 def descendants(pid: int) -> set[int]:

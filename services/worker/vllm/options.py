@@ -89,6 +89,7 @@ def from_args(args: argparse.Namespace) -> Engine:
             enable_prefix_caching=not args.no_prefix_caching,
             enable_auto_tool_choice=bool(getattr(args, "enable_auto_tool_choice", False)),
             structured_outputs_compact=bool(getattr(args, "structured_outputs_compact", False)),
+            engine_metrics=bool(getattr(args, "engine_metrics", False)),
             **{k: v for k, v in options.items() if v is not None},
         )
     except ValueError as err:
