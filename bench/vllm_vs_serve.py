@@ -5,7 +5,9 @@ on a 2-core host they would share the cores):
 
 - **meridian**: Redis, one vLLM worker (``python -m services.worker --engine vllm``), the
   router and the edge; the client talks to the edge, which asks the router and streams from
-  the worker over gRPC (GenerateMux; ``meridian-call``: one Generate call per stream);
+  the worker over gRPC (GenerateMux; ``meridian-call``: one Generate call per stream;
+  ``meridian-engine-metrics``: the worker also records vLLM's own Prometheus metrics, which
+  ``vllm serve`` records and Meridian's worker leaves off unless ``--engine-metrics``);
 - **vllm serve**: ``python -m vllm.entrypoints.openai.api_server``, the server ``vllm serve``
   runs.
 
@@ -194,7 +196,12 @@ async def closed_loop(
 
 @contextlib.asynccontextmanager
 async def meridian(
-    model_dir: Path, workdir: Path, *, stale_after_ms: int, worker_transport: str = "mux"
+    model_dir: Path,
+    workdir: Path,
+    *,
+    stale_after_ms: int,
+    worker_transport: str = "mux",
+    worker_flags: Sequence[str] = (),
 ) -> AsyncIterator[Endpoint]:
     """Redis, one vLLM worker, the router and the edge, as ``make run ENGINE=vllm`` starts
     them, minus the delay proxy (no network distance to add here).
@@ -233,6 +240,7 @@ async def meridian(
             "--region",
             "local",
             *ENGINE_FLAGS,
+            *worker_flags,
         )
         await worker.start()
         w = await worker.wait_ready(180)
@@ -346,8 +354,26 @@ def meridian_call(model_dir: Path, workdir: Path, *, stale_after_ms: int) -> Any
     return meridian(model_dir, workdir, stale_after_ms=stale_after_ms, worker_transport="call")
 
 
-SYSTEMS = {"meridian": meridian, "meridian-call": meridian_call, "vllm": vllm_serve}
-LABELS = {"meridian": "meridian", "meridian-call": "meridian call", "vllm": "vllm serve"}
+def meridian_engine_metrics(model_dir: Path, workdir: Path, *, stale_after_ms: int) -> Any:
+    """Meridian with vLLM's own Prometheus metrics recorded too (``--engine-metrics``), as
+    ``vllm serve`` records them: like for like on the metrics each step pays for."""
+    return meridian(
+        model_dir, workdir, stale_after_ms=stale_after_ms, worker_flags=("--engine-metrics",)
+    )
+
+
+SYSTEMS = {
+    "meridian": meridian,
+    "meridian-call": meridian_call,
+    "meridian-engine-metrics": meridian_engine_metrics,
+    "vllm": vllm_serve,
+}
+LABELS = {
+    "meridian": "meridian",
+    "meridian-call": "meridian call",
+    "meridian-engine-metrics": "meridian +vllm metrics",
+    "vllm": "vllm serve",
+}
 
 
 # -- figures -----------------------------------------------------------------------------------
@@ -574,7 +600,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         type=lambda s: [x.strip() for x in s.split(",")],
         default=["meridian", "vllm"],
         help="which to run, in order: meridian, meridian-call (one Generate call per stream "
-        "instead of GenerateMux), vllm",
+        "instead of GenerateMux), meridian-engine-metrics (vLLM's own Prometheus metrics "
+        "recorded too, as vllm serve does), vllm",
     )
     args = p.parse_args(argv)
     unknown = [s for s in args.systems if s not in SYSTEMS]

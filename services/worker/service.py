@@ -163,7 +163,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                     last = out
                     if n > 1:
                         totals.add(index, out)
-                    tool_calls += sum(1 for c in out.tool_calls if c.id)
+                    if out.tool_calls:
+                        tool_calls += sum(1 for c in out.tool_calls if c.id)
                     if out.text or out.token_ids:
                         last_at = time.monotonic()
                         if first_at is None:

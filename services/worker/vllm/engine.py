@@ -78,6 +78,7 @@ from services.worker.engine import (
 from services.worker.gpu import GpuMonitor
 from services.worker.resume_text import ContinuedText
 from services.worker.vllm.config import VllmConfig
+from services.worker.vllm.env_cache import cache_vllm_env
 from services.worker.vllm.features import FeatureRequest, load_parser, needs_features, schema_error
 from services.worker.vllm.load_window import LoadWindow
 from services.worker.vllm.output import OutputAssembler, prompt_logprobs
@@ -117,6 +118,7 @@ class VllmEngine:
         self._max_model_len = config.max_model_len or 0
         self._hidden_size = 0  # the pooling model's embedding size, known once loaded
         self._matryoshka = False
+        self._described: tuple[tuple[object, ...], ModelDescription] | None = None
         self._sampling_defaults: dict[str, Any] = {}
         self._in_flight: set[str] = set()
         self._abort_requested: set[str] = set()
@@ -183,6 +185,7 @@ class VllmEngine:
             self._llm = None
             await _stop_engine(llm)
             return
+        cache_vllm_env()  # every VLLM_* variable is set by now (env_cache.py)
         self._state = ModelState.READY
         log.info("vLLM engine ready: %s (context %d)", self.config.name, self._max_model_len)
 
@@ -239,15 +242,19 @@ class VllmEngine:
     # -- reports -----------------------------------------------------------------------------
 
     def models(self) -> list[ModelDescription]:
-        return [
-            ModelDescription(
+        # Asked for on every request (admission) and every load report: the description is
+        # rebuilt only when what it says changed (state, or the sizes known once loaded).
+        key = (self._state, self._max_model_len, self._hidden_size, self._matryoshka)
+        if self._described is None or self._described[0] != key:
+            description = ModelDescription(
                 name=self.config.name,
                 state=self._state,
                 max_model_len=self._max_model_len,
                 engine=self.name,
                 capabilities=self._capabilities(),
             )
-        ]
+            self._described = (key, description)
+        return [self._described[1]]
 
     def _capabilities(self) -> Capabilities:
         """What this engine serves: the pooling runner embeds and nothing else; the generate

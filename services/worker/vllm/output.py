@@ -60,7 +60,7 @@ class OutputAssembler:
         if self._first_at is None:
             self._first_at = now
         completion = output.outputs[0]
-        token_ids = tuple(int(t) for t in completion.token_ids)
+        token_ids = tuple(map(int, completion.token_ids))
         self._completion_tokens += len(token_ids)
         if output.prompt_token_ids is not None:
             self._prompt_tokens = len(output.prompt_token_ids) - self._carried
