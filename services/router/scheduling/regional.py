@@ -20,7 +20,9 @@ The region score, per region the query may use (residency, a ready worker servin
 with ``rtt`` the region's nearest healthy worker's measured RTT (unknown: ``unknown_score``),
 ``capacity`` its healthy workers' batch slots and ``free`` the slots neither reported busy
 (running + waiting) nor assigned by this router since (in flight). Regions with free slots
-rank before full ones. Ties are broken at random.
+rank before full ones. Ties are broken at random. With ``near_equal`` > 0 the first region is
+drawn, in proportion to free slots, among the regions with free slots that score within
+``near_equal`` of the best (``RegionStage._draw`` says why: herding across replicas).
 
 A view of the fleet that can answer per region (:class:`RegionalView`) is what makes this
 cheap: the router's fleet keeps its rows grouped and their aggregates current as reports
@@ -29,7 +31,7 @@ arrive; the planet simulator's replicas build only the chosen regions' rows.
 Profile YAML (optional; absent: the profile sees the whole fleet, as before)::
 
     regions: {max_regions: 3, tau_ms: 50, latency_weight: 1, capacity_weight: 1,
-              unknown_score: 0.25, min_workers: 0}
+              unknown_score: 0.25, min_workers: 0, near_equal: 0}
 """
 
 from __future__ import annotations
