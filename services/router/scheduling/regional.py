@@ -20,7 +20,9 @@ The region score, per region the query may use (residency, a ready worker servin
 with ``rtt`` the region's nearest healthy worker's measured RTT (unknown: ``unknown_score``),
 ``capacity`` its healthy workers' batch slots and ``free`` the slots neither reported busy
 (running + waiting) nor assigned by this router since (in flight). Regions with free slots
-rank before full ones. Ties are broken at random.
+rank before full ones. Ties are broken at random. With ``near_equal`` > 0 the first region is
+drawn, in proportion to free slots, among the regions with free slots that score within
+``near_equal`` of the best (``RegionStage._draw`` says why: herding across replicas).
 
 A view of the fleet that can answer per region (:class:`RegionalView`) is what makes this
 cheap: the router's fleet keeps its rows grouped and their aggregates current as reports
@@ -29,7 +31,7 @@ arrive; the planet simulator's replicas build only the chosen regions' rows.
 Profile YAML (optional; absent: the profile sees the whole fleet, as before)::
 
     regions: {max_regions: 3, tau_ms: 50, latency_weight: 1, capacity_weight: 1,
-              unknown_score: 0.25, min_workers: 0}
+              unknown_score: 0.25, min_workers: 0, near_equal: 0}
 """
 
 from __future__ import annotations
@@ -179,6 +181,9 @@ class RegionStage:
     # Fleets smaller than this are decided whole: the stage is for scale, and on a handful of
     # workers it would only cost the ranked list its fallbacks in other regions.
     min_workers: int = 0
+    # > 0: the first region is drawn, in proportion to free slots, among the regions with
+    # free slots whose score is within this of the best (see ``select``); 0: the best.
+    near_equal: float = 0.0
     # per query class (model, allowed regions): what select concluded about the last list
     _rankings: dict[tuple[str, frozenset[str]], _Ranking] = field(
         default_factory=dict, init=False, repr=False, compare=False
@@ -196,6 +201,7 @@ class RegionStage:
         )
         require(0.0 <= self.unknown_score <= 1.0, "unknown_score", "must be between 0 and 1")
         require(self.min_workers >= 0, "min_workers", "must be >= 0")
+        require(0.0 <= self.near_equal <= 1.0, "near_equal", "must be between 0 and 1")
 
     @classmethod
     def from_params(cls, params: Params) -> RegionStage:
@@ -206,6 +212,7 @@ class RegionStage:
             capacity_weight=params.number("capacity_weight", 1.0),
             unknown_score=params.number("unknown_score", 0.25),
             min_workers=params.integer("min_workers", 0),
+            near_equal=params.number("near_equal", 0.0),
         )
         params.finish()
         return stage
@@ -255,14 +262,51 @@ class RegionStage:
         if n <= self.max_regions:
             return tuple(summaries[i].region for i in idx), n
         flags = list(compress(keys, eligible))
+        drawn = self._draw(summaries, idx, flags, rng) if self.near_equal > 0.0 else None
+        if drawn is not None and self.max_regions == 1:
+            return (summaries[drawn].region,), n
         off = rng.randrange(n)
         if self.max_regions == 1:
             tied = compress(range(n), map(_EQ, flags, repeat(max(flags))))
             j = max(tied, key=lambda j: (j - off) % n)
             return (summaries[idx[j]].region,), n
-        ranked = [(*flags[j], (j - off) % n, i) for j, i in enumerate(idx)]
-        top = heapq.nlargest(self.max_regions, ranked)
-        return tuple(summaries[t[3]].region for t in top), n
+        ranked = [(*flags[j], (j - off) % n, i) for j, i in enumerate(idx) if i != drawn]
+        top = heapq.nlargest(self.max_regions - (drawn is not None), ranked)
+        rest = tuple(summaries[t[3]].region for t in top)
+        return (rest if drawn is None else (summaries[drawn].region, *rest)), n
+
+    def _draw(
+        self,
+        summaries: Sequence[RegionSummary],
+        idx: Sequence[int],
+        keys: Sequence[tuple[bool, float]],
+        rng: random.Random,
+    ) -> int | None:
+        """The first region, drawn in proportion to free slots among the regions with free
+        slots that score within ``near_equal`` of the best; None when none has free slots.
+
+        Why. Every replica ranks the same (equally stale) summaries, so the argmax is the
+        same region everywhere: each replica counts its own requests in flight there, but
+        not the others', and a region that looked roomy takes several replicas' bursts at
+        once (planet-1k: the Indian sites' overflow, filling one region after another). A
+        draw in proportion to free slots sends each region a share of the herd as large as
+        its room (the randomisation that makes stale load information safe: Mitzenmacher,
+        "How useful is old information?", 2000), while a region clearly nearer or emptier
+        than the others (a score gap over ``near_equal``) still takes all of it."""
+        best = max(keys)
+        if not best[0]:
+            return None
+        floor = best[1] - self.near_equal
+        pool = [i for j, i in enumerate(idx) if keys[j][0] and keys[j][1] >= floor]
+        if len(pool) == 1:
+            return pool[0]
+        weights = [summaries[i].free for i in pool]
+        x = rng.random() * sum(weights)
+        for i, wgt in zip(pool, weights, strict=True):
+            x -= wgt
+            if x < 0.0:
+                return i
+        return pool[-1]
 
 
 class _Ranking:

@@ -210,8 +210,8 @@ def test_the_region_stage_chooses_as_a_fresh_one_would_while_summaries_change() 
         )  # fmt: skip
 
     summaries = [summary(i) for i in range(30)]
-    for max_regions in (1, 3):
-        kept = RegionStage(max_regions=max_regions)
+    for max_regions, near_equal in ((1, 0.0), (3, 0.0), (1, 0.1), (3, 0.1)):
+        kept = RegionStage(max_regions=max_regions, near_equal=near_equal)
         for n in range(300):
             for _ in range(rng.randrange(4)):
                 i = rng.randrange(len(summaries))
@@ -220,7 +220,78 @@ def test_the_region_stage_chooses_as_a_fresh_one_would_while_summaries_change() 
             query = RouteQuery(f"q{n}", rng.choice(("m", "n")), allowed_regions=allowed)
             seed = rng.random()
             got = kept.select(query, summaries, random.Random(seed))
-            fresh = RegionStage(max_regions=max_regions).select(
+            fresh = RegionStage(max_regions=max_regions, near_equal=near_equal).select(
                 query, list(summaries), random.Random(seed)
             )
             assert got == fresh
+
+
+def near_equal_summaries() -> list[RegionSummary]:
+    # a: 20 free of 40, b: 15 free (a little nearer), c: as free as a but far, d: full
+    return [
+        RegionSummary("a", 10, 10, 40, 20, 10.0, frozenset({"m"})),
+        RegionSummary("b", 10, 10, 40, 25, 8.0, frozenset({"m"})),
+        RegionSummary("c", 10, 10, 40, 20, 250.0, frozenset({"m"})),
+        RegionSummary("d", 10, 10, 40, 40, 2.0, frozenset({"m"})),
+    ]
+
+
+def test_near_equal_regions_share_a_burst_in_proportion_to_their_free_slots() -> None:
+    """Replicas that rank the same stale summaries must not all send their next requests to
+    the one best region: among regions within ``near_equal`` of the best, the first is drawn
+    in proportion to free slots (a: 20, b: 15); a region clearly worse (c, far), or full (d,
+    the nearest), is never drawn."""
+    stage = RegionStage(max_regions=1, near_equal=0.1)
+    summaries = near_equal_summaries()
+    # scores: a (50/60 + 0.5)/2 = 0.67, b (50/58 + 0.375)/2 = 0.62, c (50/300 + 0.5)/2 = 0.33,
+    # d: no free slot
+    rng = random.Random(5)
+    picks = [stage.select(RouteQuery(f"q{n}", "m"), summaries, rng)[0] for n in range(3000)]
+    counts = {r: sum(p == (r,) for p in picks) for r in "abcd"}
+    assert counts["c"] == counts["d"] == 0
+    assert 1.2 < counts["a"] / counts["b"] < 1.5  # free slots 20 : 15
+
+
+def test_without_near_equal_the_best_region_takes_every_request() -> None:
+    stage = RegionStage(max_regions=1)
+    rng = random.Random(5)
+    picks = {
+        stage.select(RouteQuery(f"q{n}", "m"), near_equal_summaries(), rng)[0] for n in range(200)
+    }
+    assert picks == {("a",)}
+
+
+def test_a_region_alone_within_near_equal_is_chosen_every_time() -> None:
+    stage = RegionStage(max_regions=1, near_equal=0.03)
+    rng = random.Random(5)
+    picks = {
+        stage.select(RouteQuery(f"q{n}", "m"), near_equal_summaries(), rng)[0] for n in range(200)
+    }
+    assert picks == {("a",)}
+
+
+def test_with_several_regions_the_drawn_one_comes_first_and_the_rest_follow_by_rank() -> None:
+    stage = RegionStage(max_regions=2, near_equal=0.1)
+    rng = random.Random(5)
+    seen = set()
+    for n in range(300):
+        chosen, eligible = stage.select(RouteQuery(f"q{n}", "m"), near_equal_summaries(), rng)
+        assert eligible == 4
+        seen.add(chosen)
+    assert seen == {("a", "b"), ("b", "a")}  # d (full) never; c only behind both
+
+
+def test_when_no_region_has_free_slots_near_equal_changes_nothing() -> None:
+    full = [s._replace(busy=s.capacity) for s in near_equal_summaries()]
+    seed = 11
+    with_draw = RegionStage(max_regions=1, near_equal=0.2).select(
+        RouteQuery("q", "m"), full, random.Random(seed)
+    )
+    without = RegionStage(max_regions=1).select(RouteQuery("q", "m"), full, random.Random(seed))
+    assert with_draw == without
+
+
+def test_a_bad_region_near_equal_names_the_key() -> None:
+    with pytest.raises(ProfileError) as err:
+        profile(max_regions=1, near_equal=1.5)
+    assert "profiles[default].regions.near_equal: must be between 0 and 1" in str(err.value)
