@@ -79,6 +79,7 @@ MAX_LIST_ITEMS = 64
 MAX_OUTCOMES_PER_BATCH = 4096
 
 _EMPTY_CONTEXT = Context()
+_NO_NAMES: frozenset[str] = frozenset()
 
 
 class Scheduler(Protocol):
@@ -103,29 +104,29 @@ def query_from_pb(pb: router_pb2.RouteRequest) -> RouteQuery:
         raise InvalidRequest("request_id is too long", param="request_id")
     if pb.priority not in _PRIORITY_FROM_PB:
         raise InvalidRequest(f"unknown priority {pb.priority}", param="priority")
-    if len(pb.prefix_hashes) > MAX_PREFIX_HASHES:
+    prefix_hashes = pb.prefix_hashes
+    if len(prefix_hashes) > MAX_PREFIX_HASHES:
         raise InvalidRequest(
             f"at most {MAX_PREFIX_HASHES} prefix hashes are accepted", param="prefix_hashes"
         )
-    for name, items in (
-        ("allowed_regions", pb.allowed_regions),
-        ("exclude_worker_ids", pb.exclude_worker_ids),
-    ):
+    regions, excluded = pb.allowed_regions, pb.exclude_worker_ids
+    for name, items in (("allowed_regions", regions), ("exclude_worker_ids", excluded)):
         if len(items) > MAX_LIST_ITEMS:
             raise InvalidRequest(f"at most {MAX_LIST_ITEMS} {name} are accepted", param=name)
+    # Most requests name no regions and exclude no one: the empty sets are shared.
     return RouteQuery(
         request_id=pb.request_id,
         model=pb.model,
         tenant_id=pb.tenant_id,
         priority=_PRIORITY_FROM_PB[pb.priority],
-        allowed_regions=frozenset(pb.allowed_regions),
+        allowed_regions=frozenset(regions) if regions else _NO_NAMES,
         edge_site=pb.edge_site,
         client_region=pb.client_region,
         prompt_tokens=pb.prompt_tokens,
         max_tokens=pb.max_tokens,
         session_id=pb.session_id,
-        prefix_hashes=tuple(pb.prefix_hashes),
-        exclude_worker_ids=frozenset(pb.exclude_worker_ids),
+        prefix_hashes=tuple(prefix_hashes),
+        exclude_worker_ids=frozenset(excluded) if excluded else _NO_NAMES,
         needs=Needs.from_pb(pb),
     )
 
@@ -285,10 +286,11 @@ class RouterService(router_pb2_grpc.RouterServicer):
             if not msg.call_id:
                 continue
             parent = extract_carrier(msg.metadata) if msg.metadata else _EMPTY_CONTEXT
+            # The decision is written straight into the answer's ``response`` (building a
+            # RouteResponse and passing it to the constructor would copy it).
+            answer = router_pb2.RouteStreamResponse(call_id=msg.call_id)
             try:
-                answer = router_pb2.RouteStreamResponse(
-                    call_id=msg.call_id, response=self._route_traced(msg.request, parent)
-                )
+                self._route_traced(msg.request, parent, answer.response)
             except MeridianError as err:
                 answer = router_pb2.RouteStreamResponse(
                     call_id=msg.call_id,
@@ -299,17 +301,24 @@ class RouterService(router_pb2_grpc.RouterServicer):
             await context.write(answer)
 
     def _route_traced(
-        self, request: router_pb2.RouteRequest, parent: Context
+        self,
+        request: router_pb2.RouteRequest,
+        parent: Context,
+        into: router_pb2.RouteResponse | None = None,
     ) -> router_pb2.RouteResponse:
-        """One decision in its ``router.Route`` span; raises the MeridianError an empty or
-        invalid request ends with (the span records it)."""
+        """One decision in its ``router.Route`` span, written into ``into`` (a new response
+        when ``None``) and returned; raises the MeridianError an empty or invalid request
+        ends with (the span records it)."""
         with self.telemetry.tracer.start_as_current_span(
             "router.Route", context=parent, kind=SpanKind.SERVER
         ) as span:
-            return self._route(request, span)
+            return self._route(request, span, into)
 
     def _route(
-        self, request: router_pb2.RouteRequest, span: trace.Span
+        self,
+        request: router_pb2.RouteRequest,
+        span: trace.Span,
+        into: router_pb2.RouteResponse | None = None,
     ) -> router_pb2.RouteResponse:
         started = time.perf_counter_ns()
         try:
@@ -363,7 +372,7 @@ class RouterService(router_pb2_grpc.RouterServicer):
             explanation=decision.explanation,
             decision_us=round(elapsed_us, 1),
         )
-        return self._response(decision, decision_id, elapsed_us, explain=request.explain)
+        return self._response(decision, decision_id, elapsed_us, explain=request.explain, into=into)
 
     async def ReportOutcome(
         self,
@@ -510,14 +519,29 @@ class RouterService(router_pb2_grpc.RouterServicer):
         return out
 
     def _response(
-        self, decision: Decision, decision_id: str, elapsed_us: float, *, explain: bool
+        self,
+        decision: Decision,
+        decision_id: str,
+        elapsed_us: float,
+        *,
+        explain: bool,
+        into: router_pb2.RouteResponse | None = None,
     ) -> router_pb2.RouteResponse:
-        resp = router_pb2.RouteResponse(
-            decision_id=decision_id,
-            explanation=decision.explanation,
-            decision_us=elapsed_us,
-            router_site=self._site,
-        )
+        """The decision as a RouteResponse, written into ``into`` (an empty message: a
+        stream answer's field) when given."""
+        if into is None:
+            resp = router_pb2.RouteResponse(
+                decision_id=decision_id,
+                explanation=decision.explanation,
+                decision_us=elapsed_us,
+                router_site=self._site,
+            )
+        else:
+            resp = into
+            resp.decision_id = decision_id
+            resp.explanation = decision.explanation
+            resp.decision_us = elapsed_us
+            resp.router_site = self._site
         for scored in decision.ranked:
             cand = resp.candidates.add(
                 worker_id=scored.worker.worker_id,
