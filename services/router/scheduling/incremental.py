@@ -216,7 +216,7 @@ class Incremental:
     """Evaluates a profile's WorkerFilters (in order) and WorkerScorers (weighted) over a
     worker list, incrementally per query class. Not thread-safe."""
 
-    __slots__ = ("_filters", "_max_classes", "_scorers", "_views")
+    __slots__ = ("_filters", "_key_of", "_max_classes", "_scorers", "_views")
 
     def __init__(
         self,
@@ -228,6 +228,9 @@ class Incremental:
             raise ValueError("max_classes must be >= 1")
         self._filters = tuple(filters)
         self._scorers = tuple(scorers)  # (scorer, weight / Σ weights)
+        # Every memoised plugin's key function, filters then scorers, bound once: the class
+        # key is built on every decision.
+        self._key_of = tuple([f.key for f in self._filters] + [s.key for s, _ in self._scorers])
         self._max_classes = max_classes
         self._views: OrderedDict[tuple[Hashable, ...], ClassMemo] = OrderedDict()
 
@@ -243,11 +246,9 @@ class Incremental:
     ) -> ClassMemo:
         """The memo for this query's class over ``workers``; ``scope`` (which part of the
         fleet they are, e.g. the region stage's regions) is part of the class."""
-        keys = tuple(
-            [f.key(query) for f in self._filters]
-            + [s.key(query) for s, _ in self._scorers]
-            + ([] if scope is None else [scope])
-        )
+        keys = tuple([key(query) for key in self._key_of])
+        if scope is not None:
+            keys += (scope,)
         views = self._views
         view = views.get(keys)
         n = len(workers)
