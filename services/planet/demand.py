@@ -26,7 +26,7 @@ import math
 import random
 from dataclasses import dataclass, field
 
-from services.planet.scenario import Mix, Scenario, Tenant, TraceRecord
+from services.planet.scenario import Distribution, Mix, Scenario, Tenant, TraceRecord
 from services.router.scheduling.types import Priority
 
 HASH_BLOCK_TOKENS = 64  # the edge hashes 256-character blocks: ~64 tokens at 4 characters each
@@ -173,10 +173,7 @@ class Demand:
             if self._t >= end:
                 return None
 
-    def _lognormal(self, d: object) -> int:
-        from services.planet.scenario import Distribution
-
-        assert isinstance(d, Distribution)
+    def _lognormal(self, d: Distribution) -> int:
         v = math.exp(self.rng.gauss(d.mu(), d.sigma)) if d.sigma > 0 else d.median
         return max(d.lo, min(d.hi, round(v)))
 

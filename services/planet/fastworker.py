@@ -53,6 +53,8 @@ class Job:
     holds: list[Entry] = field(default_factory=list)
     registered: bool = False
 
+    # The engine's per-step loops spell these out (prompt + out, ...): a property is a
+    # Python call per job per step.
     @property
     def tokens(self) -> int:
         return self.prompt + self.out
@@ -212,13 +214,13 @@ class FastWorker:
         if not run or len(run) > self.config.max_num_batched_tokens:
             return False
         for j in run:
-            if j.remaining != 1 or j.out == 0:
+            if j.prompt + j.out - j.computed != 1 or j.out == 0:  # remaining, inlined
                 return False
         if self.waiting and len(run) < self.config.max_num_seqs and self._admissible(now):
             return False
         k = min(j.target - j.out for j in run)
         limit = self.config.max_model_len
-        k = min(k, min(limit - j.tokens for j in run))
+        k = min(k, min(limit - j.prompt - j.out for j in run))
         free = self.kv.free
         bs = self.bs
         if sum(-(-(j.computed + k) // bs) - j.blocks for j in run) > free:
@@ -269,7 +271,7 @@ class FastWorker:
         self._generated.add(now, steps * len(run))
         self._busy.add(now, steps * self._c)
         limit = self.config.max_model_len
-        done = [j for j in run if j.out >= j.target or j.tokens >= limit]
+        done = [j for j in run if j.out >= j.target or j.prompt + j.out >= limit]
         for j in done:
             self._finish(j, now)
 
@@ -344,13 +346,13 @@ class FastWorker:
             j.computed += n
             if not j.registered and j.computed >= j.prompt:
                 self._register(j, j.computed)
-            if j.computed < j.tokens:
+            if j.computed < j.prompt + j.out:
                 continue
             j.out += 1
             produced += 1
             if j.out == 1:
                 self.emit("first", j, now)
-            if j.out >= j.target or j.tokens >= limit:
+            if j.out >= j.target or j.prompt + j.out >= limit:
                 self._finish(j, now)
         self._generated.add(now, produced)
 

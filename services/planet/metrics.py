@@ -26,6 +26,11 @@ from typing import Any
 _LOG_BASE = math.log(1.02)
 
 
+def bucket(ms: float) -> int:
+    """The histogram bucket of a latency (2 % wide, 0.01 ms and below in one)."""
+    return int(math.log(ms if ms > 0.01 else 0.01) / _LOG_BASE)
+
+
 class Histogram:
     __slots__ = ("buckets", "count", "total")
 
@@ -35,7 +40,12 @@ class Histogram:
         self.total = 0.0
 
     def add(self, ms: float) -> None:
-        self.buckets[int(math.log(ms if ms > 0.01 else 0.01) / _LOG_BASE)] += 1
+        self.add_bucket(bucket(ms), ms)
+
+    def add_bucket(self, b: int, ms: float) -> None:
+        """Count ``ms`` whose bucket (:func:`bucket`) the caller has computed: a value goes
+        into four or five groups' histograms, and one logarithm serves them all."""
+        self.buckets[b] += 1
         self.count += 1
         self.total += ms
 
@@ -134,19 +144,24 @@ class Metrics:
         self._interval["regions"][region] += 1
 
     def first_token(self, site: str, region: str, tier: str, ttft_ms: float) -> None:
-        self.ttft[("all", "")].add(ttft_ms)
-        self.ttft[("region", region)].add(ttft_ms)
-        self.ttft[("site", site)].add(ttft_ms)
-        self.ttft[("tier", tier)].add(ttft_ms)
-        self._interval["ttft"].add(ttft_ms)
+        b = bucket(ttft_ms)
+        ttft = self.ttft
+        ttft[("all", "")].add_bucket(b, ttft_ms)
+        ttft[("region", region)].add_bucket(b, ttft_ms)
+        ttft[("site", site)].add_bucket(b, ttft_ms)
+        ttft[("tier", tier)].add_bucket(b, ttft_ms)
+        self._interval["ttft"].add_bucket(b, ttft_ms)
 
     def done(
         self, site: str, region: str, tier: str, ttft_ms: float, itl_ms: float | None, e2e_ms: float
     ) -> None:
+        e2e, itl = self.e2e, self.itl
+        b_e2e = bucket(e2e_ms)
+        b_itl = bucket(itl_ms) if itl_ms is not None else 0
         for key in (("all", ""), ("region", region), ("site", site), ("tier", tier)):
-            self.e2e[key].add(e2e_ms)
+            e2e[key].add_bucket(b_e2e, e2e_ms)
             if itl_ms is not None:
-                self.itl[key].add(itl_ms)
+                itl[key].add_bucket(b_itl, itl_ms)
         self.served[(site, region)] += 1
         ok = ttft_ms <= self.slo_ttft_ms and (
             self.slo_itl_ms is None or itl_ms is None or itl_ms <= self.slo_itl_ms

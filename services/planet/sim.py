@@ -46,6 +46,9 @@ from services.router.scheduling.types import ModelState, ModelStatus, RouteQuery
 
 ARRIVE, DELIVER, WAKE, REPORT, FAILBACK, FAULT, TICK = range(7)
 EARLY_REPORT_S = 0.02  # services/worker/service.py MIN_REPORT_INTERVAL_S
+# A load report built from one tuple at C level (``Report._make`` without its Python frame):
+# thousands per simulated second.
+_new_report = cast("Callable[[type[Report], tuple[Any, ...]], Report]", tuple.__new__)
 
 
 class VirtualClock:
@@ -194,6 +197,9 @@ class Planet:
         self.events = 0
         self._bg_rid = itertools.count(-1, -1)
         self._jobs_bg: dict[int, BackgroundStream] = {}
+        # read on every load report
+        self._deadband = sc.router.report_deadband
+        self._report_interval_s = sc.router.report_interval_s
 
     # --- set-up --------------------------------------------------------------------------
 
@@ -541,32 +547,37 @@ class Planet:
         eng = self.engines[w]
         running, waiting, kv, tps, hit, gpu = eng.load(t)
         last = self.last_report[w]
-        admitted = tuple(self.admitted[w])
-        band = self.sc.router.report_deadband
+        admitted = self.admitted[w]
+        models = self.models[w]
+        band = self._deadband
         if band == 0.0:  # what the worker does today: every report carries the latest figures
             changed = (
                 running != last.running or waiting != last.waiting or kv != last.kv
                 or tps != last.tps or hit != last.hit_rate or gpu != last.gpu
-                or self.models[w] is not last.models
+                or models is not last.models
             )  # fmt: skip
         else:  # a proposed worker option: figures within the band are news to nobody
             changed = (
                 running != last.running or waiting != last.waiting
-                or self.models[w] is not last.models or abs(kv - last.kv) >= band
+                or models is not last.models or abs(kv - last.kv) >= band
                 or abs(tps - last.tps) >= band * max(last.tps, 1.0)
                 or abs(gpu - last.gpu) >= band or abs(hit - last.hit_rate) >= band
             )  # fmt: skip
         if changed or admitted:
-            rep = Report(t, running, waiting, kv, tps, hit, gpu, self.models[w], False, admitted)
+            rep = _new_report(
+                Report, (t, running, waiting, kv, tps, hit, gpu, models, False, tuple(admitted))
+            )
             self.last_report[w] = rep
-            self.admitted[w] = []
+            if admitted:
+                self.admitted[w] = []
             self._publish(w, t, rep)
-            mr = self.static[w].max_running
-            self.last_load[w] = max((running + waiting) / mr, kv)
+            load = (running + waiting) / self.static[w].max_running
+            self.last_load[w] = load if load >= kv else kv
         if changed or eng.busy:
             self.report_pending[w] = True
-            self.report_version[w] += 1
-            self.push(t + self.sc.router.report_interval_s, REPORT, w, self.report_version[w])
+            v = self.report_version[w] + 1
+            self.report_version[w] = v
+            heapq.heappush(self.heap, (t + self._report_interval_s, next(self.seq), REPORT, w, v))
 
     # --- faults --------------------------------------------------------------------------
 

@@ -283,7 +283,8 @@ class SchedulerProfile:
         order = self.picker.pick(query, scored)
         ns[self.picker.TYPE] += perf_counter_ns() - t0
         n = len(scores.candidates)
-        if len(set(order)) != len(order) or not all(0 <= i < n for i in order):
+        # each index once and in range (min/max: two C calls, not a generator per decision)
+        if len(set(order)) != len(order) or (order and (min(order) < 0 or max(order) >= n)):
             raise RuntimeError(f"picker '{self.picker.TYPE}' returned invalid indices {order}")
         return order
 
@@ -397,7 +398,6 @@ class SchedulerProfile:
     @staticmethod
     def _finish_timings(out: dict[str, float], ns: Timings, started: int) -> None:
         total = perf_counter_ns() - started
-        for name, spent in ns.items():
-            out[name] = spent / 1000
+        out.update({name: spent / 1000 for name, spent in ns.items()})
         out["framework"] = (total - sum(ns.values())) / 1000
         out["total"] = total / 1000

@@ -216,7 +216,15 @@ class Incremental:
     """Evaluates a profile's WorkerFilters (in order) and WorkerScorers (weighted) over a
     worker list, incrementally per query class. Not thread-safe."""
 
-    __slots__ = ("_filters", "_max_classes", "_scorers", "_views")
+    __slots__ = (
+        "_filter_calls",
+        "_filters",
+        "_key_of",
+        "_max_classes",
+        "_scorer_calls",
+        "_scorers",
+        "_views",
+    )
 
     def __init__(
         self,
@@ -228,6 +236,12 @@ class Incremental:
             raise ValueError("max_classes must be >= 1")
         self._filters = tuple(filters)
         self._scorers = tuple(scorers)  # (scorer, weight / Σ weights)
+        # Every memoised plugin's key function, filters then scorers, bound once: the class
+        # key is built on every decision.
+        self._key_of = tuple([f.key for f in self._filters] + [s.key for s, _ in self._scorers])
+        # and their batch functions with their type names (timing buckets), for _evaluate
+        self._filter_calls = tuple((f.reject, f.TYPE) for f in self._filters)
+        self._scorer_calls = tuple((s.scores, s.TYPE, share) for s, share in self._scorers)
         self._max_classes = max_classes
         self._views: OrderedDict[tuple[Hashable, ...], ClassMemo] = OrderedDict()
 
@@ -243,11 +257,9 @@ class Incremental:
     ) -> ClassMemo:
         """The memo for this query's class over ``workers``; ``scope`` (which part of the
         fleet they are, e.g. the region stage's regions) is part of the class."""
-        keys = tuple(
-            [f.key(query) for f in self._filters]
-            + [s.key(query) for s, _ in self._scorers]
-            + ([] if scope is None else [scope])
-        )
+        keys = tuple([key(query) for key in self._key_of])
+        if scope is not None:
+            keys += (scope,)
         views = self._views
         view = views.get(keys)
         n = len(workers)
@@ -281,14 +293,14 @@ class Incremental:
         verdicts: list[Rejection | None] = [None] * size
         pending: list[int] | None = None  # batch indices still kept; None: all of them
         subset = batch
-        for f, key in zip(self._filters, keys, strict=False):
+        for (reject, name), key in zip(self._filter_calls, keys, strict=False):
             if not subset:
                 break
             t0 = perf_counter_ns()
-            reasons = f.reject(subset, key)
-            ns[f.TYPE] += perf_counter_ns() - t0
+            reasons = reject(subset, key)
+            ns[name] += perf_counter_ns() - t0
             if len(reasons) != len(subset):
-                raise _miscounted(f.TYPE, reasons, subset)
+                raise _miscounted(name, reasons, subset)
             if reasons.count(None) == len(subset):
                 continue
             indices = range(size) if pending is None else pending
@@ -297,17 +309,18 @@ class Incremental:
                 if reason is None:
                     still.append(j)
                 else:
-                    verdicts[j] = Rejection(w.worker_id, w.region, f.TYPE, reason)
+                    verdicts[j] = Rejection(w.worker_id, w.region, name, reason)
             pending = still
             subset = [batch[j] for j in still]
         raw: list[list[float]] = []
         sums = [0.0] * size
-        for (s, share), key in zip(self._scorers, keys[len(self._filters) :], strict=False):
+        scorer_keys = keys[len(self._filters) :]
+        for (scores, name, share), key in zip(self._scorer_calls, scorer_keys, strict=False):
             t0 = perf_counter_ns()
-            values = s.scores(batch, key)
-            ns[s.TYPE] += perf_counter_ns() - t0
+            values = scores(batch, key)
+            ns[name] += perf_counter_ns() - t0
             if len(values) != size:
-                raise _miscounted(s.TYPE, values, batch)
+                raise _miscounted(name, values, batch)
             # The framework's clamp (see framework.clamp), inlined: NaN and below 0 → 0.
             sums = [
                 acc + (0.0 if not v > 0.0 else share if v > 1.0 else v * share)

@@ -11,6 +11,9 @@ from collections import deque
 
 
 class WindowedSum:
+    # Slots: the planet simulator keeps four per simulated GPU and reads them on every report.
+    __slots__ = ("_samples", "_total", "window_s")
+
     def __init__(self, window_s: float) -> None:
         if window_s <= 0:
             raise ValueError("window_s must be > 0")
@@ -23,9 +26,15 @@ class WindowedSum:
         self._total += value
 
     def total(self, now: float) -> float:
-        horizon = now - self.window_s
-        while self._samples and self._samples[0][0] <= horizon:
-            self._total -= self._samples.popleft()[1]
-        if not self._samples:
+        samples = self._samples
+        if not samples:
             self._total = 0.0  # no float residue once the window is empty
+            return 0.0
+        horizon = now - self.window_s
+        if samples[0][0] > horizon:  # nothing expired (most reads)
+            return self._total
+        total = self._total
+        while samples and samples[0][0] <= horizon:
+            total -= samples.popleft()[1]
+        self._total = total if samples else 0.0
         return self._total

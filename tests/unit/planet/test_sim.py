@@ -83,7 +83,8 @@ def test_a_replica_sees_a_report_one_way_delay_after_it_was_sent() -> None:
     view = SiteView("s", workers, rtt_ms=[200.0], loss=[0.0], initial=[idle])
     view.assign(0, 42)
     log = RegionLog()
-    log.entries.append((1.0, 0, Report(1.0, 5, 0, 0.5, 0.0, 0.0, 0.0, models, False, (42,))))
+    report = Report(1.0, 5, 0, 0.5, 0.0, 0.0, 0.0, models, False, (42,))
+    log.append(1.0, 0, report, (1, 8, 5, frozenset({"m"})))
     assert view.sync(1.05, [log])[0].running == 0  # still on its way (one way: 100 ms)
     assert view.sync(1.05, [log])[0].in_flight == 1
     row = view.sync(1.10, [log])[0]

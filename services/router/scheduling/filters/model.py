@@ -28,7 +28,15 @@ class ModelReadyFilter(WorkerFilter[str]):
         return query.model
 
     def reject(self, workers: Sequence[WorkerSnapshot], key: str) -> list[str | None]:
-        return [_verdict(w, key) for w in workers]
+        # The common answer (the model is listed first and READY) without a call per worker;
+        # anything else goes through _verdict, the rule as written.
+        ready = ModelState.READY
+        return [
+            None
+            if (ms := w.models) and ms[0].name == key and ms[0].state is ready
+            else _verdict(w, key)
+            for w in workers
+        ]
 
 
 def _verdict(w: WorkerSnapshot, model: str) -> str | None:
