@@ -97,13 +97,13 @@ def configure(service: str, level: str = "info") -> None:
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
-    # Nothing above reads the caller's file and line, thread, process or multiprocessing
-    # names: not gathering them takes a third off every record (the router logs one per
-    # request). The logging docs' "Optimization" section names these switches.
+    # Nothing above reads the caller's file and line or the thread: not gathering them takes
+    # a third off every record (the router logs one per request). The logging docs'
+    # "Optimization" section names these switches. The process id and name stay: libraries
+    # with handlers of their own format them (vLLM's "(%(processName)s pid=%(process)d)"),
+    # and a record without them fails that format, losing the line to a "Logging error".
     logging._srcfile = None
     logging.logThreads = False
-    logging.logProcesses = False
-    logging.logMultiprocessing = False
     # grpc/aiohttp access chatter stays at warning unless asked for.
     for noisy in ("aiohttp.access", "asyncio"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

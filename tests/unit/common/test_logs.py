@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import os
 from collections.abc import Iterator
 
 import pytest
@@ -72,3 +73,23 @@ def test_a_stream_that_does_not_flush_itself_is_flushed_per_line(captured: io.St
     logs.event(logging.getLogger("meridian.test"), "thing.done")
     assert flushed
     assert flushed[-1] > 0
+
+
+def test_a_librarys_own_handler_can_still_format_the_process(captured: io.StringIO) -> None:
+    # vLLM logs through a handler of its own whose format names the process; configure()
+    # must not strip what such a format reads (it did: every vLLM start-up line became a
+    # "--- Logging error ---" traceback in the worker's log).
+    out = io.StringIO()
+    handler = logging.StreamHandler(out)
+    handler.setFormatter(
+        logging.Formatter("(%(processName)s pid=%(process)d) [%(filename)s:%(lineno)d] %(message)s")
+    )
+    library = logging.getLogger("some.library")
+    library.addHandler(handler)
+    library.propagate = False
+    try:
+        library.warning("resolved %s", "LlamaForCausalLM")
+    finally:
+        library.removeHandler(handler)
+    assert f"pid={os.getpid()})" in out.getvalue()
+    assert out.getvalue().endswith("resolved LlamaForCausalLM\n")
