@@ -30,7 +30,6 @@ SERVICES = ("edge", "router", "worker", "netem")
 # Modules allowed to import the heavy ML stack.
 VLLM_MODULES = {
     "services/worker/vllm/engine.py",
-    "services/worker/vllm/env_cache.py",
     "services/worker/vllm/features.py",
     "services/worker/vllm/stats.py",
     "services/worker/vllm/tinymodel.py",

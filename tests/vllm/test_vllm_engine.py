@@ -18,7 +18,6 @@ from typing import Any
 import pytest
 from prometheus_client import REGISTRY
 from transformers import AutoTokenizer
-from vllm import envs as vllm_envs
 from vllm.v1.metrics.loggers import LoggingStatLogger, PrometheusStatLogger
 
 from services.common.errors import (
@@ -36,7 +35,6 @@ from services.worker.engine import (
     SamplingOptions,
 )
 from services.worker.vllm.engine import VllmEngine
-from services.worker.vllm.env_cache import cache_vllm_env, set_vllm_env
 from services.worker.vllm.stats import NoEngineMetrics
 from tests.vllm.conftest import SERVED_NAME
 
@@ -119,26 +117,6 @@ async def test_vllms_own_prometheus_logger_is_off_by_default_and_stats_stay_on(
     assert PrometheusStatLogger not in kinds
     assert LoggingStatLogger not in kinds
     assert not any(name.startswith("vllm:") for name in REGISTRY._names_to_collectors)
-
-
-async def test_vllms_env_reads_are_cached_once_ready_and_the_workers_own_settings_seen(
-    engine: VllmEngine, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    # vLLM's frontend reads some variables per output; once the engine is ready they come
-    # from a snapshot (a bare os.environ change is not seen), and what the worker sets
-    # through set_vllm_env is (env_cache.py).
-    assert engine.models()[0].state is ModelState.READY
-    name = "VLLM_LOG_STATS_INTERVAL"
-    before = vllm_envs.VLLM_LOG_STATS_INTERVAL
-    monkeypatch.setenv(name, str(before + 7))
-    assert before == vllm_envs.VLLM_LOG_STATS_INTERVAL  # cached
-    try:
-        set_vllm_env(name, str(before + 9))
-        assert before + 9 == vllm_envs.VLLM_LOG_STATS_INTERVAL
-    finally:
-        monkeypatch.undo()
-        cache_vllm_env()
-    assert before == vllm_envs.VLLM_LOG_STATS_INTERVAL
 
 
 async def test_streamed_deltas_assemble_into_the_full_text(

@@ -8,7 +8,6 @@
 - :mod:`.output`      vLLM's streamed deltas → ``EngineOutput``
 - :mod:`.stats`       vLLM's per-step stats → :class:`LoadWindow`; vLLM's own Prometheus
   metrics off unless ``--engine-metrics`` (imports vllm)
-- :mod:`.env_cache`   vLLM's environment variables read once the engine is ready
 - :mod:`.load_window` running/waiting/KV use plus recent-window rates, for load reports
 - :mod:`.tinymodel`   a tiny random-weight Llama built locally (``python -m
   services.worker.vllm.tinymodel DIR``), so the real path runs without a hub

@@ -78,7 +78,6 @@ from services.worker.engine import (
 from services.worker.gpu import GpuMonitor
 from services.worker.resume_text import ContinuedText
 from services.worker.vllm.config import VllmConfig
-from services.worker.vllm.env_cache import cache_vllm_env
 from services.worker.vllm.features import FeatureRequest, load_parser, needs_features, schema_error
 from services.worker.vllm.load_window import LoadWindow
 from services.worker.vllm.output import OutputAssembler, prompt_logprobs
@@ -185,7 +184,6 @@ class VllmEngine:
             self._llm = None
             await _stop_engine(llm)
             return
-        cache_vllm_env()  # every VLLM_* variable is set by now (env_cache.py)
         self._state = ModelState.READY
         log.info("vLLM engine ready: %s (context %d)", self.config.name, self._max_model_len)
 

@@ -23,6 +23,7 @@ grammar backend cannot compile is ``response_format.json_schema.schema`` (or
 
 from __future__ import annotations
 
+import os
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -44,7 +45,6 @@ from services.worker.engine import (
     ToolCallDelta,
 )
 from services.worker.vllm.config import VllmConfig
-from services.worker.vllm.env_cache import set_vllm_env
 
 #: Tool-call arguments are sent in pieces of this many characters (OpenAI's stream shape).
 ARGUMENT_PIECE_CHARS = 16
@@ -71,7 +71,7 @@ def load_parser(config: VllmConfig, tokenizer: Any) -> type[Parser] | None:
     if config.tool_call_constraint == "json":
         # vLLM reads this when a parser class is defined (its lazy import, just below) and
         # when it builds a structural tag: off, required/named choices use guided JSON.
-        set_vllm_env("VLLM_ENFORCE_STRICT_TOOL_CALLING", "0")
+        os.environ["VLLM_ENFORCE_STRICT_TOOL_CALLING"] = "0"
     try:
         parser_cls = ParserManager.get_parser(
             tool_parser_name=config.tool_call_parser,
