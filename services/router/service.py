@@ -529,19 +529,11 @@ class RouterService(router_pb2_grpc.RouterServicer):
     ) -> router_pb2.RouteResponse:
         """The decision as a RouteResponse, written into ``into`` (an empty message: a
         stream answer's field) when given."""
-        if into is None:
-            resp = router_pb2.RouteResponse(
-                decision_id=decision_id,
-                explanation=decision.explanation,
-                decision_us=elapsed_us,
-                router_site=self._site,
-            )
-        else:
-            resp = into
-            resp.decision_id = decision_id
-            resp.explanation = decision.explanation
-            resp.decision_us = elapsed_us
-            resp.router_site = self._site
+        resp = router_pb2.RouteResponse() if into is None else into
+        resp.decision_id = decision_id
+        resp.explanation = decision.explanation
+        resp.decision_us = elapsed_us
+        resp.router_site = self._site
         for scored in decision.ranked:
             cand = resp.candidates.add(
                 worker_id=scored.worker.worker_id,

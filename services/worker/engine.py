@@ -30,7 +30,7 @@ Contract every engine keeps:
 from __future__ import annotations
 
 import enum
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
@@ -39,6 +39,7 @@ from services.common.capabilities import CHAT_ONLY, Capabilities
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
     from opentelemetry.trace import Tracer
+    from prometheus_client.registry import Collector
 
 
 class EngineConfigError(ValueError):
@@ -276,6 +277,14 @@ class Instrumented(Protocol):
     telemetry exists; ``WorkerServer`` hands over its tracer and meter before ``start()``."""
 
     def instrument(self, *, tracer: Tracer, meter: Meter) -> None: ...
+
+
+@runtime_checkable
+class ExposesMetrics(Protocol):
+    """An engine with Prometheus series of its own for the worker's ``/metrics`` (vLLM's
+    ``vllm:*``, with ``--engine-metrics``); ``WorkerServer`` registers them beside Meridian's."""
+
+    def prometheus_collectors(self) -> Sequence[Collector]: ...
 
 
 class Engine(Protocol):

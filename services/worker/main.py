@@ -169,10 +169,6 @@ async def serve(args: argparse.Namespace, engine: Engine, stop: asyncio.Event) -
         "worker",
         resource_attributes={"meridian.region": args.region, "meridian.worker": args.worker_id},
     )
-    if getattr(args, "engine_metrics", False):
-        from services.worker.vllm.stats import VllmMetricsCollector
-
-        tel.registry.register(VllmMetricsCollector())
     worker = WorkerServer(config=worker_config(args), engine=engine, telemetry=tel)
     ready: dict[str, object] = {"host": args.host}
     metrics_runner = None

@@ -31,7 +31,7 @@ from services.common.grpcutil import Health, new_server
 from services.common.logs import event
 from services.common.startup import bind_grpc
 from services.common.telemetry import Telemetry
-from services.worker.engine import Engine, Instrumented
+from services.worker.engine import Engine, ExposesMetrics, Instrumented
 from services.worker.observability import WorkerTelemetry
 from services.worker.service import EARLY_REPORT_LOAD, WorkerService
 
@@ -84,6 +84,9 @@ class WorkerServer:
         self._owns_engine = owns_engine
         if telemetry is not None and isinstance(engine, Instrumented):
             engine.instrument(tracer=telemetry.tracer, meter=telemetry.meter)
+        if telemetry is not None and isinstance(engine, ExposesMetrics):
+            for collector in engine.prometheus_collectors():
+                telemetry.registry.register(collector)
         self.service = WorkerService(
             engine=engine,
             worker_id=config.worker_id,

@@ -217,14 +217,6 @@ class RegionStage:
         params.finish()
         return stage
 
-    def score(self, s: RegionSummary) -> float:
-        """The region score of the module docstring (``select`` inlines the same formula)."""
-        tau = self.tau_ms
-        lat = self.unknown_score if s.rtt_ms is None else tau / (tau + max(0.0, s.rtt_ms))
-        cap = max(0, s.free) / s.capacity if s.capacity > 0 else 0.0
-        lw, cw = self.latency_weight, self.capacity_weight
-        return (lw * lat + cw * cap) / (lw + cw)
-
     def select(
         self, query: RouteQuery, summaries: Sequence[RegionSummary], rng: random.Random
     ) -> tuple[tuple[str, ...], int]:
@@ -252,9 +244,9 @@ class RegionStage:
         else:
             changed = list(compress(range(n_all), map(_IS_NOT, summaries, memo.rows)))
         rows, eligible, keys = memo.rows, memo.eligible, memo.keys
-        # ``score`` inlined (the same arithmetic, so the same floats): ~20 changed regions
-        # per decision at planet scale, and a method call and a property each were a third
-        # of this loop.
+        # The region score of the module docstring, computed here and nowhere else, inline:
+        # ~20 changed regions per decision at planet scale, and a method call and a property
+        # each were a third of this loop.
         tau, unknown = self.tau_ms, self.unknown_score
         lw, cw = self.latency_weight, self.capacity_weight
         lcw = lw + cw

@@ -43,6 +43,7 @@ import uuid
 from collections.abc import AsyncGenerator
 from typing import TYPE_CHECKING, Any
 
+from prometheus_client.registry import Collector
 from vllm import PoolingParams, SamplingParams
 from vllm.engine.arg_utils import AsyncEngineArgs
 from vllm.exceptions import VLLMClientError
@@ -84,7 +85,7 @@ from services.worker.vllm.output import OutputAssembler, prompt_logprobs
 from services.worker.vllm.prompt import render_prompt
 from services.worker.vllm.request import check_messages, check_sampling, completion_budget
 from services.worker.vllm.resume import TokenText, continue_text, rebased_budget
-from services.worker.vllm.stats import stat_loggers
+from services.worker.vllm.stats import VllmMetricsCollector, stat_loggers
 
 log = logging.getLogger(__name__)
 
@@ -253,6 +254,11 @@ class VllmEngine:
             )
             self._described = (key, description)
         return [self._described[1]]
+
+    def prometheus_collectors(self) -> list[Collector]:
+        """vLLM's own ``vllm:*`` families for the worker's ``/metrics``, with
+        ``--engine-metrics`` (without it vLLM records none: ``stats.NoEngineMetrics``)."""
+        return [VllmMetricsCollector()] if self.config.engine_metrics else []
 
     def _capabilities(self) -> Capabilities:
         """What this engine serves: the pooling runner embeds and nothing else; the generate
