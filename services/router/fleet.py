@@ -73,7 +73,11 @@ class FleetConfig:
     """How the live view ages.
 
     ``stale_after_s``: a worker whose last load report is older is down (partitions, hung
-    processes). ``rtt_ewma_alpha``: weight of a new probe in the smoothed RTT. ``loss_window``:
+    processes). ``rtt_window``: probes over which the RTT is the minimum sample — the network
+    distance, as TCP's min-RTT filter measures it: a probe also waits on both ends' event
+    loops, and those delays (load, a busy box) would otherwise read as distance and make
+    workers of one site look tens of milliseconds apart; a real rise in the path's delay shows
+    once a window of probes (2 s at the default 250 ms interval) has seen it. ``loss_window``:
     probes over which packet loss is measured. ``assignment_ttl_s``: an assignment no report or
     outcome ever covered stops counting as in flight after this long (a lost outcome must not
     leak load). ``failure_window_s``: how long a failed request counts against its worker.
@@ -86,7 +90,7 @@ class FleetConfig:
     stale_after_s: float = 0.6
     in_flight_grace_s: float = 0.02
     admission_timeout_s: float = 2.0
-    rtt_ewma_alpha: float = 0.3
+    rtt_window: int = 8
     loss_window: int = 20
     assignment_ttl_s: float = 30.0
     failure_window_s: float = 30.0
@@ -95,8 +99,8 @@ class FleetConfig:
     def __post_init__(self) -> None:
         if not self.stale_after_s > 0:
             raise ValueError("stale_after_s must be > 0")
-        if not 0 < self.rtt_ewma_alpha <= 1:
-            raise ValueError("rtt_ewma_alpha must be in (0, 1]")
+        if self.rtt_window < 1:
+            raise ValueError("rtt_window must be >= 1")
         if self.loss_window < 1:
             raise ValueError("loss_window must be >= 1")
         if not self.assignment_ttl_s > 0 or not self.failure_window_s > 0:
@@ -118,7 +122,8 @@ class _Record:
     down_reason: str = "not connected yet"
     report: worker_pb2.LoadReport | None = None
     report_at: float = 0.0
-    rtt_ms: float | None = None
+    rtt_ms: float | None = None  # min of ``rtt_samples``
+    rtt_samples: collections.deque[float] = field(default_factory=collections.deque)
     probes: collections.deque[bool] = field(default_factory=collections.deque)
     lost: int = 0  # probes lost among ``probes``
     # decision_id → time assigned (router clock), in assignment order (oldest first)
@@ -218,15 +223,20 @@ class Fleet:
         rec = self._by_address.get(address)
         if rec is None:
             return
+        before = (rec.rtt_ms, rec.lost, len(rec.probes))
         ok = rtt_ms is not None
         rec.probes.append(ok)
         rec.lost += not ok
         while len(rec.probes) > self._config.loss_window:
             rec.lost -= not rec.probes.popleft()
         if rtt_ms is not None:
-            a = self._config.rtt_ewma_alpha
-            rec.rtt_ms = rtt_ms if rec.rtt_ms is None else a * rtt_ms + (1 - a) * rec.rtt_ms
-        self._touch(rec)
+            samples = rec.rtt_samples
+            samples.append(rtt_ms)
+            if len(samples) > self._config.rtt_window:
+                samples.popleft()
+            rec.rtt_ms = min(samples)
+        if (rec.rtt_ms, rec.lost, len(rec.probes)) != before:  # else the row stands as it is
+            self._touch(rec)
 
     def on_disconnect(self, address: str, reason: str) -> None:
         rec = self._by_address.get(address)

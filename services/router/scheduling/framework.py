@@ -106,7 +106,7 @@ class _Scores(NamedTuple):
     candidates: Candidates
     totals: list[float]
     plain: list[Mapping[str, float]]  # each plain scorer's raw scores, for contributions
-    boosted: list[int]  # candidates a sparse plain scorer scored
+    boosts: dict[int, float]  # candidate → what the sparse plain scorers added to its total
     whole: bool  # no plain filter removed anyone: the memo's indices and shortlist hold
 
 
@@ -254,7 +254,7 @@ class SchedulerProfile:
         )
         totals = list(kept.base)  # the memo's copy stays untouched; sparse scorers add here
         plain_scores: list[Mapping[str, float]] = []
-        boosted: list[int] = []
+        boosts: dict[int, float] = {}
         for scorer, share in self._plain_scorers:
             t0 = perf_counter_ns()
             raw = scorer.score(query, candidates)
@@ -263,9 +263,10 @@ class SchedulerProfile:
             for worker_id, value in raw.items():
                 i = candidates.index_of(worker_id)
                 if i is not None:
-                    totals[i] += clamp(value) * share
-                    boosted.append(i)
-        return _Scores(candidates, totals, plain_scores, boosted, whole)
+                    boost = clamp(value) * share
+                    totals[i] += boost
+                    boosts[i] = boosts.get(i, 0.0) + boost
+        return _Scores(candidates, totals, plain_scores, boosts, whole)
 
     def _pick(
         self, query: RouteQuery, memo: ClassMemo, scores: _Scores, ns: Timings
@@ -274,12 +275,18 @@ class SchedulerProfile:
 
         def hint() -> tuple[Collection[int], int] | None:
             found = memo.shortlist()
-            if found is None or not scores.boosted:
+            if found is None or not scores.boosts:
                 return found
-            return found[0].union(scores.boosted), found[1]  # a boost may lift anyone to the top
+            return found[0].union(scores.boosts), found[1]  # a boost may lift anyone to the top
 
         t0 = perf_counter_ns()
-        scored = Scored(scores.candidates, scores.totals, self._rng, hint if scores.whole else None)
+        scored = Scored(
+            scores.candidates,
+            scores.totals,
+            self._rng,
+            hint if scores.whole else None,
+            scores.boosts,
+        )
         order = self.picker.pick(query, scored)
         ns[self.picker.TYPE] += perf_counter_ns() - t0
         n = len(scores.candidates)

@@ -40,7 +40,7 @@ from collections.abc import (
     Mapping,
     Sequence,
 )
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import ClassVar, Generic, Self, TypeVar, overload
 
 from services.common.clock import SYSTEM_CLOCK, Clock
@@ -149,12 +149,16 @@ class Scored:
 
     ``hint``, when the framework has one, computes on demand a shortlist: candidate indices
     that contain the ``depth`` best candidates by total *and every candidate tied with them*.
+
+    ``boosts``: for the candidates an affinity (sparse) scorer scored, what those scorers added
+    to their totals — a warm prefix or a live session, as opposed to load and distance.
     """
 
     candidates: Candidates
     totals: Sequence[float]
     rng: random.Random
     hint: Callable[[], tuple[Collection[int], int] | None] | None = None
+    boosts: Mapping[int, float] = field(default_factory=dict)
 
     def shortlist(self) -> tuple[Collection[int], int] | None:
         """``(indices, depth)``: a picker that needs no more than ``depth`` of the best may

@@ -67,16 +67,26 @@ def test_a_disconnect_marks_the_worker_down_at_once() -> None:
     assert "connection reset" in snap.health_detail
 
 
-def test_rtt_is_smoothed_and_loss_counted() -> None:
-    reg = fleet(rtt_ewma_alpha=0.5, loss_window=4)
+def test_rtt_is_the_minimum_of_recent_probes_and_loss_is_counted() -> None:
+    reg = fleet(rtt_window=3, loss_window=4)
     reg.on_report(ADDR, report(), now=1.0)
     reg.on_probe(ADDR, 10.0)
     reg.on_probe(ADDR, 20.0)
     reg.on_probe(ADDR, None)
     reg.on_probe(ADDR, 20.0)
     snap = only(reg, 1.0)
-    assert snap.rtt_ms == pytest.approx(17.5)  # 10 → 15 → 17.5
+    assert snap.rtt_ms == pytest.approx(10.0)  # a delayed probe is not distance
     assert snap.loss == pytest.approx(0.25)
+
+
+def test_a_lasting_rise_in_rtt_shows_once_the_window_has_seen_it() -> None:
+    reg = fleet(rtt_window=3)
+    reg.on_report(ADDR, report(), now=1.0)
+    seen = []
+    for rtt in (2.0, 2.0, 40.0, 41.0, 40.0, 42.0, 1.5):
+        reg.on_probe(ADDR, rtt)
+        seen.append(only(reg, 1.0).rtt_ms)
+    assert seen == [2.0, 2.0, 2.0, 2.0, 40.0, 40.0, 1.5]  # a fall shows at once
 
 
 def test_assignments_count_as_in_flight_until_a_report_covers_them() -> None:
@@ -115,7 +125,7 @@ def test_removed_workers_disappear() -> None:
 
 @pytest.mark.parametrize(
     "kwargs",
-    [{"stale_after_s": 0}, {"rtt_ewma_alpha": 0}, {"rtt_ewma_alpha": 1.5}, {"loss_window": 0}],
+    [{"stale_after_s": 0}, {"rtt_window": 0}, {"loss_window": 0}],
 )
 def test_bad_fleet_config_is_refused(kwargs: dict[str, float]) -> None:
     with pytest.raises(ValueError, match="must be"):

@@ -159,3 +159,25 @@ def test_max_score_near_equal_stays_in_the_best_ones_region_unless_told() -> Non
 
     assert firsts(MaxScorePicker(near_equal=0.05)) == {0, 1}
     assert firsts(MaxScorePicker(near_equal=0.05, near_equal_across=True)) == {0, 1, 2}
+
+
+def test_max_score_near_equal_never_draws_away_from_a_clear_affinity() -> None:
+    """The best one holds the prompt's prefix, a boost larger than the band: near-equal cold
+    workers are not drawn in its place, workers with as much affinity still share the draw,
+    and a boost smaller than the band is drawn over like any other difference."""
+    rows = scored([0.0, 0.0, 0.0, 0.0]).candidates
+    totals = [0.85, 0.74, 0.84, 0.60]
+
+    def firsts(boosts: dict[int, float]) -> set[int]:
+        return {
+            MaxScorePicker(near_equal=0.12).pick(
+                QUERY, Scored(rows, totals, random.Random(s), boosts=boosts)
+            )[0]
+            for s in range(200)
+        }
+
+    assert firsts({}) == {0, 1, 2}
+    assert firsts({0: 0.15}) == {0}
+    assert firsts({0: 0.15, 2: 0.15}) == {0, 2}
+    assert firsts({0: 0.05}) == {0, 1, 2}  # within the noise the band is for
+    assert firsts({1: 0.15}) == {0, 1, 2}  # the best holds nothing: the draw is as before

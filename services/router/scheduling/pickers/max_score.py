@@ -15,7 +15,13 @@ real difference — one batch slot of a small worker is worth ``queue weight / �
 among equivalent workers. With ``near_equal_across: false`` (the default) only candidates in
 the best one's region are drawn from, so it never trades a near region for a far one (a
 replica that is alone, with exact in-flight counts, loses nothing); ``true`` draws across
-regions too. Fallbacks follow by score.
+regions too. Nor does it give away a clear affinity: when the best one's boost from the
+affinity scorers (``Scored.boosts``: a warm prefix, a live session) is itself at least
+``near_equal`` — larger than the noise the band is for — only candidates with as much boost
+are drawn from, so an agent's next call stays on the worker holding its KV cache while that
+worker is not clearly busier (with the band alone, an idle fleet drew it away about one call in
+eight, whenever the warm worker's last report still counted the previous call). Smaller boosts
+(a short shared prefix) are drawn over like any other difference. Fallbacks follow by score.
 
 Input: the weighted totals (and the framework's shortlist of the best, when it has one).
 Parameters: ``max_candidates`` (≥ 1, default 3), ``near_equal`` (0..1, default 0),
@@ -38,6 +44,8 @@ _LE = operator.le
 _EQ = operator.eq
 _AND = operator.and_
 _REGION = operator.attrgetter("region")
+# Affinity boosts within this of the best one's count as equal (float sums of the same shares).
+_BOOST_SLACK = 1e-9
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -75,6 +83,9 @@ class MaxScorePicker(Picker):
             region = scored.candidates[top[0]].region
             near = map(_AND, near, map(_EQ, map(_REGION, scored.candidates), repeat(region)))
         band = list(compress(range(len(totals)), near))
+        held = scored.boosts.get(top[0], 0.0)
+        if held >= self.near_equal:  # an affinity larger than the band is signal, not noise
+            band = [i for i in band if scored.boosts.get(i, 0.0) >= held - _BOOST_SLACK]
         primary = band[int(scored.rng.random() * len(band))]
         rest = [i for i in top if i != primary]
         return (primary, *rest[: k - 1])

@@ -12,8 +12,9 @@ Unknown RTT (not probed yet) scores ``unknown_score``: penalised, not excluded â
 default, as if it were 3Â·tau (150 ms) away, so a worker that has just joined gets traffic only
 when measured ones are worse.
 
-Input: ``worker.rtt_ms`` (smoothed probe RTT, ms; ``None`` unknown). Parameters: ``tau_ms``
-(> 0, default 50: the RTT that halves the score), ``unknown_score`` (0..1, default 0.25).
+Input: ``worker.rtt_ms`` (the minimum probe RTT over a short window, ms; ``None`` unknown).
+Parameters: ``tau_ms`` (> 0, default 50: the RTT that halves the score), ``unknown_score``
+(0..1, default 0.25).
 """
 
 from __future__ import annotations
