@@ -77,7 +77,7 @@ class FleetConfig:
     distance, as TCP's min-RTT filter measures it: a probe also waits on both ends' event
     loops, and those delays (load, a busy box) would otherwise read as distance and make
     workers of one site look tens of milliseconds apart; a real rise in the path's delay shows
-    once a window of probes (2 s at the default 250 ms interval) has seen it. ``loss_window``:
+    once a window of probes (1 s at the default 250 ms interval) has seen it. ``loss_window``:
     probes over which packet loss is measured. ``assignment_ttl_s``: an assignment no report or
     outcome ever covered stops counting as in flight after this long (a lost outcome must not
     leak load). ``failure_window_s``: how long a failed request counts against its worker.
@@ -90,7 +90,7 @@ class FleetConfig:
     stale_after_s: float = 0.6
     in_flight_grace_s: float = 0.02
     admission_timeout_s: float = 2.0
-    rtt_window: int = 8
+    rtt_window: int = 4
     loss_window: int = 20
     assignment_ttl_s: float = 30.0
     failure_window_s: float = 30.0
