@@ -252,22 +252,19 @@ def test_near_equal_regions_share_a_burst_in_proportion_to_their_free_slots() ->
     assert 1.2 < counts["a"] / counts["b"] < 1.5  # free slots 20 : 15
 
 
-def test_without_near_equal_the_best_region_takes_every_request() -> None:
-    stage = RegionStage(max_regions=1)
+def chosen_over(stage: RegionStage, requests: int = 200) -> set[tuple[str, ...]]:
+    """Every region choice ``stage`` made for ``requests`` queries on near_equal_summaries."""
     rng = random.Random(5)
-    picks = {
-        stage.select(RouteQuery(f"q{n}", "m"), near_equal_summaries(), rng)[0] for n in range(200)
-    }
-    assert picks == {("a",)}
+    summaries = near_equal_summaries()
+    return {stage.select(RouteQuery(f"q{n}", "m"), summaries, rng)[0] for n in range(requests)}
+
+
+def test_without_near_equal_the_best_region_takes_every_request() -> None:
+    assert chosen_over(RegionStage(max_regions=1)) == {("a",)}
 
 
 def test_a_region_alone_within_near_equal_is_chosen_every_time() -> None:
-    stage = RegionStage(max_regions=1, near_equal=0.03)
-    rng = random.Random(5)
-    picks = {
-        stage.select(RouteQuery(f"q{n}", "m"), near_equal_summaries(), rng)[0] for n in range(200)
-    }
-    assert picks == {("a",)}
+    assert chosen_over(RegionStage(max_regions=1, near_equal=0.03)) == {("a",)}
 
 
 def test_with_several_regions_the_drawn_one_comes_first_and_the_rest_follow_by_rank() -> None:
