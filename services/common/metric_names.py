@@ -40,6 +40,7 @@ TOKEN_USAGE: Final = "gen_ai.client.token.usage"  # tokens per request, by TOKEN
 EDGE_REQUESTS: Final = "meridian.edge.requests"  # by STATUS_CODE, ERROR_TYPE
 EDGE_REJECTIONS: Final = "meridian.edge.rejections"  # by REASON (rate limits, abuse, auth)
 EDGE_ACTIVE_STREAMS: Final = "meridian.edge.active_streams"
+EDGE_LOOP_STALLED: Final = "meridian.edge.event_loop.stalled"  # s the loop could not run a timer
 EDGE_FAILOVERS: Final = "meridian.edge.failovers"  # attempts beyond the first, by REGION
 EDGE_MIGRATIONS: Final = "meridian.edge.migrations"  # by TRIGGER and OUTCOME
 EDGE_MIGRATION_GAP: Final = "meridian.edge.migration.gap"  # s the client saw without a token

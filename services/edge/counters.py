@@ -60,6 +60,9 @@ class EdgeCounters:
     settles_resent: int = 0
     lease_renew_failures: int = 0
     redis_breaker_opened: int = 0
+    # Redis timeouts that this process's own event-loop stall explains (the call was retried
+    # instead of opening the breaker; services/edge/breaker.py).
+    redis_timeouts_in_stalls: int = 0
     # Routing.
     router_unreachable: int = 0
     route_fallback_used: int = 0

@@ -9,7 +9,8 @@
   token *as the client sees them* (routing and failover included), request duration, token
   usage, requests by status; and every :class:`EdgeCounters` field as one counter family
   (``meridian.edge.events{meridian.event=…}``), rejections as
-  ``meridian.edge.rejections{meridian.reason=…}``, live streams as a gauge.
+  ``meridian.edge.rejections{meridian.reason=…}``, live streams as a gauge, and the time the
+  event loop was stalled (``meridian.edge.event_loop.stalled``: a busy or GC-bound edge).
 """
 
 from __future__ import annotations
@@ -62,11 +63,13 @@ class EdgeTelemetry:
         meter: Meter | None = None,
         counters: EdgeCounters,
         active_streams: Callable[[], int],
+        loop_stalled_s: Callable[[], float] = lambda: 0.0,
     ) -> None:
         self.tracer = tracer or trace.NoOpTracer()
         meter = meter or NoOpMeter("meridian.edge")
         self._counters = counters
         self._active_streams = active_streams
+        self._loop_stalled_s = loop_stalled_s
         self.ttft = meter.create_histogram(
             mn.TTFT, unit="s", description="Time to first token as the client sees it"
         )
@@ -113,6 +116,15 @@ class EdgeTelemetry:
             unit="{stream}",
             description="Streams open now",
         )
+        meter.create_observable_counter(
+            mn.EDGE_LOOP_STALLED,
+            callbacks=[self._observe_loop_stalls],
+            unit="s",
+            description="Time the edge's event loop could not run a ready timer (GC, CPU)",
+        )
+
+    def _observe_loop_stalls(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [Observation(self._loop_stalled_s())]
 
     def _observe_events(self, options: CallbackOptions) -> Iterable[Observation]:
         return [Observation(v, {"meridian.event": k}) for k, v in self._counters.snapshot().items()]

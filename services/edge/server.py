@@ -19,6 +19,7 @@ from typing import Any
 from aiohttp import web
 
 from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.loopwatch import LoopWatch
 from services.common.startup import start_site
 from services.common.telemetry import Telemetry
 from services.edge.admin import AdminDeps, build_admin_app, token_digest
@@ -127,8 +128,13 @@ class EdgeServer:
         self.counters = EdgeCounters()
         self._clock = clock
         self._redis = redis
+        #: The event loop's own stalls, so a Redis timeout they explain is not Redis's.
+        self.loop_watch = LoopWatch()
         breaker = Breaker(
-            clock=clock, counters=self.counters, open_for_s=config.redis_breaker_open_s
+            clock=clock,
+            counters=self.counters,
+            open_for_s=config.redis_breaker_open_s,
+            watch=self.loop_watch,
         )
         self.directory = Directory(redis=redis, hasher=hasher, clock=clock)
         rl = config.ratelimit
@@ -159,6 +165,7 @@ class EdgeServer:
             meter=telemetry.meter if telemetry else None,
             counters=self.counters,
             active_streams=lambda: streams.total,
+            loop_stalled_s=lambda: self.loop_watch.total_s,
         )
         self.deps = EdgeDeps(
             redis=redis,
@@ -251,6 +258,8 @@ class EdgeServer:
             "live_leases": self.limiter.live_leases,
             "draining": self.deps.lifecycle.draining,
             "router_view_age_s": None if age is None else round(age, 3),
+            "event_loop_stalled_s": round(self.loop_watch.total_s, 3),
+            "event_loop_worst_stall_s": round(self.loop_watch.worst_s, 3),
         }
 
     async def start(self) -> None:
@@ -290,6 +299,7 @@ class EdgeServer:
             site = web.TCPSite(self._admin_runner, cfg.admin_host, cfg.admin_port)
             await start_site(site, "the admin API", cfg.admin_host, cfg.admin_port)
             self.admin_port = int(self._admin_runner.addresses[0][1])
+        self._spawn(self.loop_watch.run(self._stop))
         self._spawn(self.auth.listen(self._redis, self._stop))
         self._spawn(self.limiter.run(self._stop))
         self._spawn(self.router.run(self._stop))

@@ -50,6 +50,7 @@ import collections
 import heapq
 import itertools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from meridian.v1 import worker_pb2
@@ -138,8 +139,20 @@ class _Record:
 
 
 class Fleet:
-    def __init__(self, config: FleetConfig | None = None) -> None:
+    def __init__(
+        self,
+        config: FleetConfig | None = None,
+        *,
+        stalled_since: Callable[[float], float] | None = None,
+    ) -> None:
+        """``stalled_since(t)``: seconds since ``t`` (router clock) that this process's own
+        event loop could not run (:meth:`services.common.loopwatch.LoopWatch.stalled_since`).
+        A report's age does not count them: a router that stalls past ``stale_after_s`` (a
+        long GC pass, a CPU-throttled container) has not heard from its workers because it
+        was not listening, and must not call them all down when it resumes — their reports
+        are waiting in the streams. A partitioned worker is still found, that much later."""
         self._config = config or FleetConfig()
+        self._stalled_since = stalled_since
         self._by_address: dict[str, _Record] = {}
         self._owner: dict[str, str] = {}  # worker_id → the address it is listed under
         self._group: dict[str, dict[str, None]] = {}  # worker_id → its addresses, in order
@@ -288,7 +301,7 @@ class Fleet:
 
     def report_age_s(self, worker_id: str, now: float) -> float | None:
         rec = self._record_of(worker_id)
-        return None if rec is None or rec.report is None else now - rec.report_at
+        return None if rec is None or rec.report is None else self._report_age(rec, now)
 
     def last_report(self, worker_id: str) -> worker_pb2.LoadReport | None:
         rec = self._record_of(worker_id)
@@ -370,11 +383,18 @@ class Fleet:
         # snapshot is dirty).
         self._snaps = [r.snapshot or _PLACEHOLDER for r in listed]
 
+    def _report_age(self, rec: _Record, now: float) -> float:
+        """How long since ``rec``'s last report, less the router's own stalls since then."""
+        age = now - rec.report_at
+        if self._stalled_since is not None and age > 0:
+            age -= min(age, self._stalled_since(rec.report_at))
+        return age
+
     def _healthy(self, rec: _Record, now: float) -> bool:
         return (
             rec.connected
             and rec.report is not None
-            and now - rec.report_at <= self._config.stale_after_s
+            and self._report_age(rec, now) <= self._config.stale_after_s
         )
 
     def _rebuild(self, rec: _Record, now: float) -> WorkerSnapshot:
@@ -391,7 +411,7 @@ class Fleet:
         rec.snapshot = snap
         due = now + cfg.snapshot_max_age_s
         if healthy:
-            due = min(due, rec.report_at + cfg.stale_after_s)
+            due = min(due, now + cfg.stale_after_s - self._report_age(rec, now))
         if assignments:
             due = min(due, next(iter(assignments.values())) + cfg.assignment_ttl_s)
         if failures:
@@ -407,7 +427,7 @@ class Fleet:
         elif not rec.connected:
             detail = rec.down_reason or "disconnected"
         else:
-            detail = f"no load report for {now - rec.report_at:.1f}s"
+            detail = f"no load report for {self._report_age(rec, now):.1f}s"
         loss = rec.lost / len(rec.probes) if rec.probes else 0.0
         report = rec.report
         if report is None:
@@ -433,7 +453,7 @@ class Fleet:
             draining=report.draining,
             rtt_ms=rec.rtt_ms,
             loss=loss,
-            report_age_s=now - rec.report_at,
+            report_age_s=self._report_age(rec, now),
             running=report.running,
             waiting=report.waiting,
             max_running=max(report.max_running, 1),

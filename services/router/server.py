@@ -18,6 +18,8 @@ stop
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 from dataclasses import dataclass, field
 
@@ -27,6 +29,7 @@ from meridian.v1 import router_pb2_grpc
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.grpcutil import Health, new_server
 from services.common.logs import event
+from services.common.loopwatch import LoopWatch
 from services.common.startup import bind_grpc
 from services.common.telemetry import Telemetry
 from services.router.debug import DebugConfig, DebugEndpoint
@@ -76,7 +79,10 @@ class RouterServer:
     ) -> None:
         self.config = config
         self.scheduler = scheduler
-        self.fleet = Fleet(config.fleet)
+        #: The event loop's own stalls: a report's age does not count them (see Fleet).
+        self.loop_watch = LoopWatch(clock=clock.monotonic)
+        self.fleet = Fleet(config.fleet, stalled_since=self.loop_watch.stalled_since)
+        self._watching: asyncio.Task[None] | None = None
         self.discovery = Discovery(
             fleet=self.fleet, clock=clock, config=config.discovery, resolver=resolver
         )
@@ -129,6 +135,7 @@ class RouterServer:
                 raise
         await server.start()
         self._server = server
+        self._watching = asyncio.get_running_loop().create_task(self.loop_watch.run())
         self.discovery.start()
         await self.health.set_serving(True)
         d = cfg.discovery
@@ -153,4 +160,9 @@ class RouterServer:
             await self._server.stop(grace=self.config.stop_grace_s)
             self._server = None
         await self.discovery.stop()
+        if self._watching is not None:
+            self._watching.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._watching
+            self._watching = None
         event(log, "router.stopped")

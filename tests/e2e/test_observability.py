@@ -182,6 +182,7 @@ async def test_prometheus_endpoints_move_with_traffic(
     assert total(edge, "meridian_edge_rejections_total", meridian_reason="auth_invalid") >= 2
     tokens = mn.prometheus_name(mn.TOKEN_USAGE, "{token}")
     assert total(edge, f"{tokens}_sum", gen_ai_token_type="output") >= 24
+    assert mn.prometheus_name(mn.EDGE_LOOP_STALLED, "s", counter=True) in edge
 
     router = await scrape(metrics["router"])
     assert total(router, "meridian_router_decisions_total", meridian_region="kr") >= 4

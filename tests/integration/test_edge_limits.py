@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +21,8 @@ import redis.asyncio as aioredis
 
 from services.edge.openai_types import parse_chat_request
 from services.edge.prompt import estimate_prompt_tokens
+from services.edge.ratelimit.redis_backend import RedisBackend
+from services.edge.ratelimit.types import Ask, Verdict
 from services.edge.tenancy.tenants import Limits
 from tests.integration.conftest import MODEL, Stack
 from tests.support.inproc import RunningEdge, start_edge
@@ -102,6 +105,43 @@ async def test_tokens_per_minute_are_never_overrun_by_more_than_one_reservation(
     assert refusals
     assert all("tokens per minute" in a.body["error"]["message"] for a in refusals)
     assert all(a.headers["x-ratelimit-limit-tokens"] == str(tpm) for a in answers)
+
+
+async def test_limits_stay_exact_when_the_edge_stalls_past_its_redis_timeout(
+    pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The edge's own event loop stalls (a long GC pass, a starved CPU) for longer than its
+    Redis timeout while admissions are in flight. The replies only waited for the loop: Redis
+    did not fail, so the edge must not open its breaker and fall back to its own windows,
+    which would overrun the tenant's limit across the two replicas."""
+    stalled = False
+    admit = RedisBackend.admit
+
+    async def admit_then_stall(self: RedisBackend, ask: Ask, now_ms: int) -> Verdict:
+        nonlocal stalled
+        call = asyncio.ensure_future(admit(self, ask, now_ms))
+        if not stalled:
+            stalled = True
+            await asyncio.sleep(0.005)  # the script is sent (and answered) ...
+            time.sleep(1.5)  # noqa: ASYNC251  # ... and the loop stalls past the 1 s timeout
+        return await call
+
+    monkeypatch.setattr(RedisBackend, "admit", admit_then_stall)
+    tpm = 300
+    key = await pair.key("stall", limits=Limits(tpm=tpm))
+    answers = await burst(pair, key, max_tokens=12)
+    assert stalled
+    ok = [a for a in answers if a.status == 200]
+    used = sum(a.body["usage"]["total_tokens"] for a in ok)
+    request = parse_chat_request(json.dumps({"model": MODEL, "messages": PROMPT}).encode())
+    assert used <= tpm + estimate_prompt_tokens(request) + 12
+    # Nothing else failed either: the in-process router heard nothing from its workers during
+    # the stall, and must not have called them down for it.
+    assert [a.body for a in answers if a.status not in (200, 429)] == []
+    counters = [e.server.counters for e in pair.edges]
+    assert sum(c.redis_timeouts_in_stalls for c in counters) >= 1  # the stall was seen ...
+    assert sum(c.limiter_fail_open for c in counters) == 0  # ... and not held against Redis
+    assert sum(c.redis_breaker_opened for c in counters) == 0
 
 
 async def test_concurrent_streams_are_exact_across_replicas_and_freed_on_disconnect(

@@ -34,13 +34,12 @@ import logging
 from collections import deque
 from dataclasses import dataclass, field
 from enum import StrEnum
-
-import redis.exceptions
+from functools import partial
 
 from services.common.clock import Clock
 from services.common.errors import RateLimited, Unavailable
 from services.common.logs import event
-from services.edge.breaker import Breaker
+from services.edge.breaker import FAILURES, Breaker, BreakerOpen
 from services.edge.counters import EdgeCounters
 from services.edge.ratelimit.headers import go_duration, rate_limit_headers, refusal_message
 from services.edge.ratelimit.redis_backend import RedisBackend
@@ -56,7 +55,7 @@ from services.edge.ratelimit.window import LocalBackend
 
 log = logging.getLogger("meridian.edge.ratelimit")
 
-_REDIS_ERRORS = (redis.exceptions.RedisError, OSError)
+_REDIS_ERRORS = FAILURES
 _MAX_DENIALS = 100_000
 _MAX_QUEUED_SETTLES = 100_000
 _SETTLE_BACKOFF_MIN_S = 0.05
@@ -198,16 +197,15 @@ class RateLimiter:
     async def _decide(self, ask: Ask, now_ms: int) -> tuple[LimiterBackend, Ask, Verdict]:
         if self._redis is None:
             return self._local, ask, self._local.admit_now(ask, now_ms)
-        if self._breaker.allow():
-            try:
-                verdict = await self._redis.admit(ask, now_ms)
-            except _REDIS_ERRORS as err:
-                self._breaker.failure()
-                self._counters.limiter_redis_errors += 1
-                event(log, "ratelimit.redis_error", level=logging.WARNING, error=type(err).__name__)
-            else:
-                self._breaker.success()
-                return self._redis, ask, verdict
+        try:
+            verdict = await self._breaker.call(partial(self._redis.admit, ask, now_ms))
+        except BreakerOpen:
+            pass  # Redis is known to be down: straight to the failure policy
+        except _REDIS_ERRORS as err:
+            self._counters.limiter_redis_errors += 1
+            event(log, "ratelimit.redis_error", level=logging.WARNING, error=type(err).__name__)
+        else:
+            return self._redis, ask, verdict
         if self.config.failure_mode is FailureMode.CLOSED:
             self._counters.limiter_fail_closed += 1
             raise Unavailable("rate limiting is temporarily unavailable", retry_after_s=1.0)
@@ -318,23 +316,26 @@ class RateLimiter:
                 batch, self._to_settle = self._expired_settles_dropped(self._to_settle), []
                 if not batch:
                     continue
-                if self._breaker.allow():
-                    try:
-                        await self._redis.settle_many([(a, u) for a, u, _ in batch], self._now_ms())
-                    except _REDIS_ERRORS as err:
-                        self._breaker.failure()
-                        event(
-                            log,
-                            "ratelimit.settle_failed",
-                            level=logging.WARNING,
-                            error=type(err).__name__,
-                            requests=len(batch),
-                        )
-                    else:
-                        backoff_s = _SETTLE_BACKOFF_MIN_S
-                        self._sent.extend(batch)
-                        self._resettle_after_failover()
-                        continue
+                settles = [(a, u) for a, u, _ in batch]
+                try:
+                    await self._breaker.call(
+                        partial(self._redis.settle_many, settles, self._now_ms())
+                    )
+                except BreakerOpen:
+                    pass
+                except _REDIS_ERRORS as err:
+                    event(
+                        log,
+                        "ratelimit.settle_failed",
+                        level=logging.WARNING,
+                        error=type(err).__name__,
+                        requests=len(batch),
+                    )
+                else:
+                    backoff_s = _SETTLE_BACKOFF_MIN_S
+                    self._sent.extend(batch)
+                    self._resettle_after_failover()
+                    continue
                 if self._closing:
                     self._counters.settle_failures += len(batch)
                     continue
@@ -364,12 +365,13 @@ class RateLimiter:
         if self._redis is None:
             return
         asks = [x.ask for x in self._live if x.backend is self._redis]
-        if not asks or not self._breaker.allow():
+        if not asks:
             return
         try:
-            await self._redis.renew(asks, now_ms)
+            await self._breaker.call(partial(self._redis.renew, asks, now_ms))
+        except BreakerOpen:
+            return
         except _REDIS_ERRORS as err:
-            self._breaker.failure()
             self._counters.lease_renew_failures += 1
             event(log, "ratelimit.renew_failed", level=logging.WARNING, error=type(err).__name__)
 

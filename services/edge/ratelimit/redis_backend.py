@@ -1,7 +1,9 @@
 """The limit algorithm (see :mod:`.types`) in Redis: one atomic Lua script per admission, so
 every edge replica shares exact windows, and concurrent requests cannot both take the last
 slot (Redis runs scripts one at a time). One round trip per request (EVALSHA; the script is
-loaded once per connection pool), one more when the request ends (settle).
+loaded once per connection pool), one more when the request ends (settle). Both scripts are
+safe to run twice for one request id (a retry after a lost reply): an admitted request is
+not charged again, a settle sets the used tokens rather than adding them.
 
 Redis layout, per scope (``{…}`` is the tenant, a Redis Cluster hash tag, so a key's and its
 tenant's state always live on one shard and the script may touch both)::
@@ -88,6 +90,15 @@ local function deny(r, i, ms)
   if ms > retry then retry = ms end
 end
 
+-- A request already admitted (this call is a retry whose first reply was lost: a timeout or a
+-- dropped connection after Redis ran the script) keeps its admission and is not charged twice.
+local again = false
+for i = 1, n do
+  if redis.call('ZSCORE', KEYS[3 * i - 2], rid) or redis.call('ZSCORE', KEYS[3 * i], rid) then
+    again = true
+  end
+end
+
 local state = {}
 for i = 1, n do
   local w, t, c = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
@@ -105,17 +116,19 @@ for i = 1, n do
     redis.call('ZREMRANGEBYSCORE', c, '-inf', now)
     streams = redis.call('ZCARD', c)
   end
-  if tpm > 0 and need > tpm then
+  if again then
+    -- the counts already hold this request
+  elseif tpm > 0 and need > tpm then
     deny('too_large', i, 0)
   else
     if rpm > 0 and count + 1 > rpm then deny('requests', i, oldest(w) + window - now) end
     if tpm > 0 and used + need > tpm then deny('tokens', i, tokens_retry(w, t, used, tpm)) end
   end
-  if smax > 0 and streams + 1 > smax then deny('streams', i, 1000) end
+  if smax > 0 and not again and streams + 1 > smax then deny('streams', i, 1000) end
   state[i] = {count, used, streams, rpm, tpm, smax}
 end
 
-if reason == '' then
+if reason == '' and not again then
   for i = 1, n do
     local w, t, c = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
     local s = state[i]

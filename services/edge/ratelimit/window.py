@@ -79,18 +79,24 @@ class LocalBackend:
                 reason, scope_index = r, index
             retry = max(retry, ms)
 
+        for log in logs:
+            log.purge(now_ms, window)
+        # Already admitted (a retry whose first answer was lost): admitted again, not charged
+        # again — the Lua script does the same.
+        again = any(ask.request_id in log.tokens or ask.request_id in log.leases for log in logs)
         states: list[ScopeState] = []
         for i, (scope, log) in enumerate(zip(ask.scopes, logs, strict=True)):
-            log.purge(now_ms, window)
             rpm, tpm, max_streams = limit_args(scope.limits)
-            if tpm and ask.tokens > tpm:
+            if again:
+                pass  # the counts already hold this request
+            elif tpm and ask.tokens > tpm:
                 deny(Reason.TOO_LARGE, i, 0)
             else:
                 if rpm and len(log.entries) + 1 > rpm:
                     deny(Reason.REQUESTS, i, log.reset_ms(now_ms, window))
                 if tpm and log.total + ask.tokens > tpm:
                     deny(Reason.TOKENS, i, log.tokens_retry_ms(ask.tokens, tpm, now_ms, window))
-            if max_streams and len(log.leases) + 1 > max_streams:
+            if max_streams and not again and len(log.leases) + 1 > max_streams:
                 deny(Reason.STREAMS, i, STREAM_RETRY_MS)
             states.append(
                 ScopeState(
@@ -100,6 +106,8 @@ class LocalBackend:
         if reason is not None:
             self._forget_empty(ask)
             return Verdict(False, tuple(states), reason, scope_index, retry)
+        if again:
+            return Verdict(True, tuple(states))
         for i, (scope, log) in enumerate(zip(ask.scopes, logs, strict=True)):
             rpm, tpm, max_streams = limit_args(scope.limits)
             if rpm or tpm:

@@ -20,6 +20,7 @@ import contextlib
 import logging
 from collections import OrderedDict
 from dataclasses import dataclass
+from functools import partial
 
 import redis.exceptions
 from aiohttp import web
@@ -28,7 +29,7 @@ from redis.asyncio.client import PubSub
 from services.common.clock import Clock
 from services.common.errors import AuthenticationFailed, PermissionDenied, Unavailable
 from services.common.logs import event
-from services.edge.breaker import Breaker
+from services.edge.breaker import Breaker, BreakerOpen
 from services.edge.counters import EdgeCounters
 from services.edge.redisconn import RedisClient, open_pubsub
 from services.edge.tenancy.apikeys import KeyHasher, KeyRecord, looks_like_key
@@ -175,7 +176,7 @@ class Authenticator:
         task = self._loading.get(digest)
         if task is None:
             if not self._breaker.allow():
-                raise redis.exceptions.ConnectionError("the Redis breaker is open")
+                raise BreakerOpen("the Redis breaker is open")
             task = asyncio.create_task(self._load_and_remember(digest))
             self._loading[digest] = task
             task.add_done_callback(lambda t: self._loaded(digest, t))
@@ -187,12 +188,7 @@ class Authenticator:
             task.exception()  # retrieved here, so an unawaited failure is not reported twice
 
     async def _load_and_remember(self, digest: str) -> Principal | None:
-        try:
-            principal = await self._load(digest)
-        except (redis.exceptions.RedisError, OSError):
-            self._breaker.failure()
-            raise
-        self._breaker.success()
+        principal = await self._breaker.call(partial(self._load, digest))
         self._remember(digest, principal)
         return principal
 

@@ -10,7 +10,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from services.edge.ratelimit.redis_backend import RedisBackend
-from services.edge.ratelimit.types import Ask, LimiterBackend, Reason, Scope
+from services.edge.ratelimit.types import Ask, LimiterBackend, Reason, Scope, ScopeState
 from services.edge.ratelimit.window import LocalBackend
 from services.edge.tenancy.tenants import Limits
 
@@ -56,6 +56,23 @@ async def test_requests_per_minute_are_exact(backend: LimiterBackend) -> None:
     assert refused.retry_after_ms == WINDOW - 10  # the oldest leaves the window then
     assert not (await backend.admit(ask(1, s), T0 + WINDOW - 1)).admitted
     assert (await backend.admit(ask(1, s), T0 + WINDOW)).admitted
+
+
+async def test_admitting_the_same_request_again_admits_it_without_charging_it_twice(
+    backend: LimiterBackend,
+) -> None:
+    """A retry whose first answer was lost (a timeout, a dropped connection after the script
+    ran) must not take a second request slot, reservation or stream slot."""
+    s = key_scope(rpm=2, tpm=100, max_streams=1)
+    first = ask(40, s)
+    assert (await backend.admit(first, T0)).admitted
+    again = await backend.admit(first, T0 + 5)
+    assert again.admitted
+    assert again.states == (ScopeState(1, 40, 1, WINDOW - 5),)
+    refused = await backend.admit(ask(40, s), T0 + 6)
+    assert refused.reason is Reason.STREAMS  # one stream slot, held once
+    await backend.settle(first, 40, T0 + 7)
+    assert (await backend.admit(ask(40, s), T0 + 8)).states[0] == ScopeState(2, 80, 1, WINDOW - 8)
 
 
 async def test_reservations_bound_concurrent_requests_before_any_usage_is_known(

@@ -1,3 +1,5 @@
+from collections.abc import Callable
+
 import pytest
 
 from meridian.v1 import worker_pb2
@@ -21,8 +23,9 @@ def report(running: int = 0, waiting: int = 0, draining: bool = False) -> worker
     return r
 
 
-def fleet(**cfg: float) -> Fleet:
-    reg = Fleet(FleetConfig(snapshot_max_age_s=0.0, **cfg))  # type: ignore[arg-type]
+def fleet(stalled_since: Callable[[float], float] | None = None, **cfg: float) -> Fleet:
+    config = FleetConfig(snapshot_max_age_s=0.0, **cfg)  # type: ignore[arg-type]
+    reg = Fleet(config, stalled_since=stalled_since)
     reg.add(ADDR)
     reg.on_describe(ADDR, worker_pb2.WorkerInfo(worker_id="kr-1", region="kr"))
     return reg
@@ -56,6 +59,19 @@ def test_a_worker_goes_stale_when_reports_stop() -> None:
     stale = only(reg, 10.6)
     assert not stale.healthy
     assert "no load report" in stale.health_detail
+
+
+def test_the_routers_own_stall_does_not_age_a_workers_reports() -> None:
+    stalls = {10.0: 0.0}
+    reg = fleet(stalled_since=lambda since: stalls[since], stale_after_s=0.5)
+    reg.on_report(ADDR, report(), now=10.0)
+    stalls[10.0] = 1.2  # the router's loop could not run: a GC pass, a throttled CPU
+    resumed = only(reg, 11.4)
+    assert resumed.healthy  # 1.4 s since the report, 0.2 s of it listening
+    assert resumed.report_age_s == pytest.approx(0.2)
+    stale = only(reg, 11.8)  # 0.6 s of listening without a report: down after all
+    assert not stale.healthy
+    assert "no load report for 0.6s" in stale.health_detail
 
 
 def test_a_disconnect_marks_the_worker_down_at_once() -> None:
