@@ -8,9 +8,10 @@ run â€” a calibration pass of a few requests, one at a time, on the idle stack â
 the simulator as ``router.service_ms``, so what is compared is what the model claims to
 predict: routing, network and engine queueing. Requests the machine held up (the one event
 loop every component shares here ran late while they waited) are left out of both sides;
-when more than a third were, the run measured the machine, and the test skips, naming the
-lag and the CPU wait. A run that disagrees gets one more measurement (a fresh stack, the same
-arrivals): a shared CI machine can slow a whole run evenly, which the lag check cannot see,
+when more than a third were, the run measured the machine and is void, naming the lag and
+the CPU wait. A run that disagrees gets another measurement (a fresh stack, the same
+arrivals), up to three in all, and the test fails only when two runs that were not void
+disagree: a shared CI machine can slow a whole run evenly, which the lag check cannot see,
 while a wrong model disagrees every time (+15 ms of modelled overhead: p50 +25 %; a wrong
 profile: a 30-point split). The full-size comparison, every profile:
 ``python -m bench.planet_fidelity``.
@@ -28,7 +29,9 @@ from bench import routing_quality as rq
 pytestmark = pytest.mark.slow
 
 
-MEASUREMENTS = 2
+#: Measurements at most; the test fails only when two that the machine did not void disagree.
+MEASUREMENTS = 3
+DISAGREEMENTS_TO_FAIL = 2
 
 
 def _disagreement(c: dict[str, float]) -> str | None:
@@ -43,6 +46,7 @@ def _disagreement(c: dict[str, float]) -> str | None:
 
 def test_simulated_hotspot_agrees_with_the_real_stack(tmp_path: Path) -> None:
     seen: list[str] = []
+    disagreements = 0
     for n in range(MEASUREMENTS):
         work = tmp_path / f"run{n}"
         work.mkdir()
@@ -53,7 +57,10 @@ def test_simulated_hotspot_agrees_with_the_real_stack(tmp_path: Path) -> None:
         why = _disagreement(ck.comparison)
         if why is None:
             return
+        disagreements += 1
         seen.append(f"{why} (service_ms {ck.service_ms}, {ck.comparison})")
-    if all(s.startswith("void") for s in seen):
-        pytest.skip("; ".join(seen))
-    pytest.fail("the simulator disagrees with the real stack: " + "; ".join(seen))
+        if disagreements == DISAGREEMENTS_TO_FAIL:
+            pytest.fail("the simulator disagrees with the real stack: " + "; ".join(seen))
+    # Fewer than two measurements the machine let stand, none agreeing: this run measured
+    # the machine (a wrong model disagrees on every quiet run, and fails there).
+    pytest.skip("; ".join(seen))
