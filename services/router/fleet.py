@@ -390,12 +390,8 @@ class Fleet:
             age -= min(age, self._stalled_since(rec.report_at))
         return age
 
-    def _healthy(self, rec: _Record, now: float) -> bool:
-        return (
-            rec.connected
-            and rec.report is not None
-            and self._report_age(rec, now) <= self._config.stale_after_s
-        )
+    def _healthy(self, rec: _Record, age: float) -> bool:
+        return rec.connected and rec.report is not None and age <= self._config.stale_after_s
 
     def _rebuild(self, rec: _Record, now: float) -> WorkerSnapshot:
         cfg = self._config
@@ -406,12 +402,13 @@ class Fleet:
         failures = rec.failures
         while failures and failures[0] < now - cfg.failure_window_s:
             failures.popleft()
-        healthy = self._healthy(rec, now)
-        snap = self._build(rec, now, healthy)
+        age = self._report_age(rec, now)
+        healthy = self._healthy(rec, age)
+        snap = self._build(rec, age, healthy)
         rec.snapshot = snap
         due = now + cfg.snapshot_max_age_s
         if healthy:
-            due = min(due, now + cfg.stale_after_s - self._report_age(rec, now))
+            due = min(due, now + cfg.stale_after_s - age)
         if assignments:
             due = min(due, next(iter(assignments.values())) + cfg.assignment_ttl_s)
         if failures:
@@ -421,13 +418,14 @@ class Fleet:
         heapq.heappush(self._deadlines, (due, next(self._seq), rec))
         return snap
 
-    def _build(self, rec: _Record, now: float, healthy: bool) -> WorkerSnapshot:
+    def _build(self, rec: _Record, age: float, healthy: bool) -> WorkerSnapshot:
+        """``rec``'s row; ``age``: its report's age (:meth:`_report_age`)."""
         if healthy:
             detail = "ok"
         elif not rec.connected:
             detail = rec.down_reason or "disconnected"
         else:
-            detail = f"no load report for {self._report_age(rec, now):.1f}s"
+            detail = f"no load report for {age:.1f}s"
         loss = rec.lost / len(rec.probes) if rec.probes else 0.0
         report = rec.report
         if report is None:
@@ -453,7 +451,7 @@ class Fleet:
             draining=report.draining,
             rtt_ms=rec.rtt_ms,
             loss=loss,
-            report_age_s=self._report_age(rec, now),
+            report_age_s=age,
             running=report.running,
             waiting=report.waiting,
             max_running=max(report.max_running, 1),

@@ -55,7 +55,6 @@ from services.edge.ratelimit.window import LocalBackend
 
 log = logging.getLogger("meridian.edge.ratelimit")
 
-_REDIS_ERRORS = FAILURES
 _MAX_DENIALS = 100_000
 _MAX_QUEUED_SETTLES = 100_000
 _SETTLE_BACKOFF_MIN_S = 0.05
@@ -201,7 +200,7 @@ class RateLimiter:
             verdict = await self._breaker.call(partial(self._redis.admit, ask, now_ms))
         except BreakerOpen:
             pass  # Redis is known to be down: straight to the failure policy
-        except _REDIS_ERRORS as err:
+        except FAILURES as err:
             self._counters.limiter_redis_errors += 1
             event(log, "ratelimit.redis_error", level=logging.WARNING, error=type(err).__name__)
         else:
@@ -299,7 +298,7 @@ class RateLimiter:
     async def _settle_one(self, backend: LimiterBackend, lease: Lease, used: int) -> None:
         try:
             await backend.settle(lease.ask, used, self._now_ms())
-        except _REDIS_ERRORS as err:
+        except FAILURES as err:
             self._counters.settle_failures += 1
             event(log, "ratelimit.settle_failed", level=logging.WARNING, error=type(err).__name__)
 
@@ -323,7 +322,7 @@ class RateLimiter:
                     )
                 except BreakerOpen:
                     pass
-                except _REDIS_ERRORS as err:
+                except FAILURES as err:
                     event(
                         log,
                         "ratelimit.settle_failed",
@@ -371,7 +370,7 @@ class RateLimiter:
             await self._breaker.call(partial(self._redis.renew, asks, now_ms))
         except BreakerOpen:
             return
-        except _REDIS_ERRORS as err:
+        except FAILURES as err:
             self._counters.lease_renew_failures += 1
             event(log, "ratelimit.renew_failed", level=logging.WARNING, error=type(err).__name__)
 
