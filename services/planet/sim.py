@@ -164,6 +164,7 @@ class Planet:
         self.report_pending = [False] * len(self.engines)
         self.report_anchor = [self.rng.random() * sc.router.report_interval_s for _ in self.engines]
         self.admitted: list[list[int]] = [[] for _ in self.engines]
+        self.admitted_by = [0] * len(self.engines)  # per worker: bits of the replicas named
         self.last_load = [0.0] * len(self.engines)
         self.views = [
             SiteView(
@@ -172,6 +173,7 @@ class Planet:
                 self.network.rtt_ms[si],
                 self.network.loss[si],
                 self.last_report,
+                si,
             )
             for si, s in enumerate(self.site_names)
         ]
@@ -446,6 +448,7 @@ class Planet:
             owner=req,
         )
         self.admitted[w].append(req.rid)
+        self.admitted_by[w] |= 1 << req.site
         self._submit(w, job, t)
 
     def _submit(self, w: int, job: Job, t: float) -> None:
@@ -565,11 +568,14 @@ class Planet:
             )  # fmt: skip
         if changed or admitted:
             rep = _new_report(
-                Report, (t, running, waiting, kv, tps, hit, gpu, models, False, tuple(admitted))
-            )
+                Report,
+                (t, running, waiting, kv, tps, hit, gpu, models, False, tuple(admitted),
+                 self.admitted_by[w]),
+            )  # fmt: skip
             self.last_report[w] = rep
             if admitted:
                 self.admitted[w] = []
+                self.admitted_by[w] = 0
             self._publish(w, t, rep)
             load = (running + waiting) / self.static[w].max_running
             self.last_load[w] = load if load >= kv else kv

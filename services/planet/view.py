@@ -64,6 +64,10 @@ class Report(NamedTuple):
     models: tuple[ModelStatus, ...]
     draining: bool
     admitted: tuple[int, ...]
+    #: the replicas whose requests ``admitted`` names, one bit per site index: a replica
+    #: reads whether another one sends to the worker (``WorkerSnapshot.shared``), as the real
+    #: router reads the other replicas' prefixes in the admitted decision ids
+    by: int = 0
 
 
 #: a region's aggregate at its source: (healthy workers, their slots, busy slots, ready models)
@@ -161,6 +165,7 @@ class SiteView:
         "_acur",
         "_logs",
         "_now",
+        "_others",
         "_own",
         "_pending",
         "_region_of",
@@ -185,6 +190,7 @@ class SiteView:
         "owd_s",
         "reports",
         "rtt_ms",
+        "shared",
         "site",
         "workers",
     )
@@ -196,8 +202,14 @@ class SiteView:
         rtt_ms: Sequence[float],
         loss: Sequence[float],
         initial: Sequence[Report],
+        index: int = 0,
     ) -> None:
+        """``index``: this replica's site index, its bit in ``Report.by``."""
         self.site = site
+        self._others = ~(1 << index)  # the bits of every other replica
+        # per worker: whether its last admissions named another replica's requests (none
+        # named yet: not shared — no one else's request has reached it — as in the fleet)
+        self.shared = [False] * len(workers)
         self.workers = workers
         regions = max(w.region_index for w in workers) + 1
         self.rtt_ms = list(rtt_ms)  # per region, as this site's probes measure it
@@ -289,8 +301,9 @@ class SiteView:
 
         Only a worker's last report among them is kept, so each worker is applied once (the
         10-s catch-up of every replica reads ~50 reports per worker it keeps one of); the
-        admissions are read from all of them, and only while this replica has requests in
-        flight in the region (nothing else can end)."""
+        admissions are read from all of them: whose requests they name (``shared``: another
+        replica's?), and, while this replica has requests in flight in the region, which of
+        its own they end (nothing else can end)."""
         log = self._logs[g]
         entries = log.entries
         base = log.base
@@ -303,12 +316,19 @@ class SiteView:
             return
         self.cursors[g] = j + base
         chunk = entries[i:j]
+        others, shared = self._others, self.shared
         if self._own[g]:
             assigned, end = self.assigned, self._end
             for _, w, rep in chunk:
-                if rep is not None and rep.admitted and assigned[w]:
-                    for rid in rep.admitted:
-                        end(w, rid)
+                if rep is not None and rep.admitted:
+                    shared[w] = rep.by & others != 0
+                    if assigned[w]:
+                        for rid in rep.admitted:
+                            end(w, rid)
+        else:
+            for _, w, rep in chunk:
+                if rep is not None and rep.admitted:
+                    shared[w] = rep.by & others != 0
         latest = {w: rep for _, w, rep in chunk if rep is not None}
         if latest:
             reports, flag = self.reports, self._stale_flag
@@ -459,6 +479,7 @@ class SiteView:
             rep.gpu,
             len(self.assigned[w]),
             len(self.failures[w]),
+            self.shared[w],
         )
 
     def in_flight(self, w: int) -> int:

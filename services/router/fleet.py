@@ -23,6 +23,13 @@ stream: those assignments are dropped exactly, the moment the worker's counts in
 assignment no report ever names (the request went elsewhere, or the list overflowed) is dropped
 ``admission_timeout_s`` after it was made; the edge's outcome report usually removes it first.
 
+Whose requests they are: this router's decision ids start with its own random prefix
+(``id_prefix``), so an admission list also tells whether anyone else sends to the worker — another
+router replica, or an edge deciding on its own while the router was unreachable. A worker whose
+last list naming any request named one of theirs (or that sends no lists) is ``shared``; one
+whose lists named only this router's requests, or none yet, is not, and its ``in_flight`` is
+exact (the max-score picker draws against herding only where another router is sending too).
+
 For workers without that list, timing decides: a request routed at ``t`` reaches the worker at
 about ``t + grace + one-way`` (``in_flight_grace_s``: the edge's own processing) and a report
 sent after that arrives one more one-way later; so a report received at ``now`` covers the
@@ -50,6 +57,7 @@ import collections
 import heapq
 import itertools
 import math
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -136,6 +144,9 @@ class _Record:
     index: int = -1  # position in the listed rows, -1 when not listed
     dirty: bool = False
     due: float = math.inf
+    # another source's requests were in the last admission list naming any (or a report came
+    # without lists: who else sends cannot be told); none named yet: no one else's arrived
+    shared: bool = False
 
 
 class Fleet:
@@ -144,14 +155,19 @@ class Fleet:
         config: FleetConfig | None = None,
         *,
         stalled_since: Callable[[float], float] | None = None,
+        id_prefix: str | None = None,
     ) -> None:
         """``stalled_since(t)``: seconds since ``t`` (router clock) that this process's own
         event loop could not run (:meth:`services.common.loopwatch.LoopWatch.stalled_since`).
         A report's age does not count them: a router that stalls past ``stale_after_s`` (a
         long GC pass, a CPU-throttled container) has not heard from its workers because it
         was not listening, and must not call them all down when it resumes — their reports
-        are waiting in the streams. A partitioned worker is still found, that much later."""
+        are waiting in the streams. A partitioned worker is still found, that much later.
+
+        ``id_prefix``: what this router's decision ids start with (random by default: unique
+        across replicas without coordination); an admitted id without it is someone else's."""
         self._config = config or FleetConfig()
+        self.id_prefix = id_prefix if id_prefix is not None else secrets.token_hex(6) + "-"
         self._stalled_since = stalled_since
         self._by_address: dict[str, _Record] = {}
         self._owner: dict[str, str] = {}  # worker_id → the address it is listed under
@@ -220,6 +236,11 @@ class Fleet:
             self._identify(rec, report.worker_id, report.region)
         elif not was_connected and rec.shadowed:
             self._elect(rec.worker_id)
+        if not report.reports_admissions:
+            rec.shared = True
+        elif report.admitted_decision_ids:
+            prefix = self.id_prefix
+            rec.shared = not all(d.startswith(prefix) for d in report.admitted_decision_ids)
         # Requests that reached the worker before the report left it are in its counts now.
         if rec.assignments:
             if report.reports_admissions:
@@ -461,6 +482,7 @@ class Fleet:
             gpu_utilization=max(g.utilization for g in gpus) if gpus else None,
             in_flight=len(rec.assignments),
             recent_failures=len(rec.failures),
+            shared=rec.shared,
         )
 
 

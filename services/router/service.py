@@ -28,7 +28,6 @@ from __future__ import annotations
 import itertools
 import logging
 import math
-import secrets
 import time
 from collections.abc import AsyncIterator, Iterable, Sequence
 from typing import Any, Protocol
@@ -207,9 +206,9 @@ class RouterService(router_pb2_grpc.RouterServicer):
         self._site = site
         self.journal = journal if journal is not None else DecisionJournal()
         self.timings = timings if timings is not None else PluginTimings()
-        # Decision ids: a random prefix per replica process and a counter, unique across
-        # replicas without a uuid per call.
-        self._id_prefix = secrets.token_hex(6) + "-"
+        # Decision ids: the fleet's random prefix per replica process and a counter, unique
+        # across replicas without a uuid per call (the fleet tells its own from the prefix).
+        self._id_prefix = fleet.id_prefix
         self._ids = itertools.count(1)
         # Under overload every decision of a tier can be empty: one log line per second per
         # (reason, tier), with the count of the ones left out (the journal counts them all).

@@ -148,3 +148,32 @@ async def test_one_replica_going_away_does_not_disturb_the_other(replicas: Repli
     await eventually(
         lambda: all(s.healthy for s in oregon.fleet.snapshots(SYSTEM_CLOCK.monotonic()))
     )
+
+
+def shared(router: RunningRouter, worker_id: str) -> bool:
+    snaps = {s.worker_id: s for s in router.fleet.snapshots(SYSTEM_CLOCK.monotonic())}
+    return snaps[worker_id].shared
+
+
+async def test_each_replica_tells_from_the_admissions_whether_another_one_sends(
+    replicas: Replicas,
+) -> None:
+    """The worker's load reports name the decision ids it admitted; each replica knows its
+    own by their prefix. Seoul's request served on kr-1 leaves kr-1 Seoul's alone (its
+    in-flight count there is exact) and shared for Oregon; us-1, which no one has sent to, is
+    shared for neither; Oregon sending to kr-1 too makes it shared for Seoul."""
+    seoul, oregon = replicas.routers["seoul"], replicas.routers["oregon"]
+    assert seoul.fleet.id_prefix != oregon.fleet.id_prefix
+    served = await replicas.callers["seoul"].ask([{"role": "user", "content": "hi"}])
+    assert not isinstance(served, Refused)
+    assert served.region == "kr"
+    await eventually(lambda: shared(oregon, "kr-1"), timeout_s=5.0)
+    assert not shared(seoul, "kr-1")
+    assert not shared(seoul, "us-1")
+    assert not shared(oregon, "us-1")
+    served = await replicas.callers["oregon"].ask(
+        [{"role": "user", "content": "hi"}], allowed_regions=["kr"]
+    )
+    assert not isinstance(served, Refused)
+    assert served.region == "kr"
+    await eventually(lambda: shared(seoul, "kr-1"), timeout_s=5.0)

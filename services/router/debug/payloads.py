@@ -26,6 +26,8 @@ def worker_json(w: WorkerSnapshot, report: worker_pb2.LoadReport | None) -> dict
         "loss": round(w.loss, 4),
         "report_age_ms": round(w.report_age_s * 1000, 1),
         "in_flight_assigned": w.in_flight,
+        # other routers (or an edge on its own) send to it too: in_flight may miss theirs
+        "shared": w.shared,
         "recent_failures": w.recent_failures,
         "draining": w.draining,
         "models": [

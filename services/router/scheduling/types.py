@@ -64,7 +64,12 @@ class WorkerSnapshot:
 
     ``rtt_ms``/``loss`` are measured by this router (its site's view of the network);
     ``in_flight`` counts requests this router assigned that the worker has not yet reported, so
-    a burst between two load reports does not herd onto the same worker.
+    a burst between two load reports does not herd onto the same worker. ``shared``: requests
+    this router did not make reach the worker too (another router replica's, or the edge's own
+    while the router was away) — the last report that named admitted requests named one of
+    theirs, or the worker does not name them at all — so its counts between two reports can be
+    short by requests no one here can see. ``False`` only when this router is known to be the
+    worker's only source: then ``in_flight`` is exact.
     """
 
     worker_id: str
@@ -86,6 +91,7 @@ class WorkerSnapshot:
     gpu_utilization: float | None = None  # 0..1, None on hosts without NVML
     in_flight: int = 0
     recent_failures: int = 0
+    shared: bool = True  # (unknown: as a worker that sends no admission lists)
 
     def model(self, name: str) -> ModelStatus | None:
         for m in self.models:

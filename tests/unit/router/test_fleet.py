@@ -164,3 +164,38 @@ def test_admitted_decision_ids_release_exactly_those_assignments() -> None:
     assert only(reg, 2.5).in_flight == 1  # d2 not named yet, still counted
     reg.on_report(ADDR, quiet, now=3.5)
     assert only(reg, 3.5).in_flight == 0  # never admitted here: dropped after the timeout
+
+
+def test_a_worker_is_shared_while_its_admissions_name_another_routers_requests() -> None:
+    """Decision ids carry the router's prefix: a worker whose admission lists named only this
+    router's requests (or none yet) is its alone (in-flight exact); one whose last list named
+    another replica's or the edge's own is shared; a list-less report cannot tell, so it is
+    shared too, until a list names requests again."""
+    reg = Fleet(FleetConfig(snapshot_max_age_s=0.0), id_prefix="me-")
+    reg.add(ADDR)
+    reg.on_describe(ADDR, worker_pb2.WorkerInfo(worker_id="kr-1", region="kr"))
+
+    def admitting(*ids: str) -> worker_pb2.LoadReport:
+        r = report(running=len(ids))
+        r.reports_admissions = True
+        r.admitted_decision_ids.extend(ids)
+        return r
+
+    reg.on_report(ADDR, admitting(), now=1.0)
+    assert not only(reg, 1.0).shared  # nothing named yet: no one else's request has arrived
+    reg.on_report(ADDR, admitting("me-1", "me-2"), now=1.5)
+    assert not only(reg, 1.5).shared
+    reg.on_report(ADDR, admitting(), now=2.0)
+    assert not only(reg, 2.0).shared  # an empty list changes nothing
+    reg.on_report(ADDR, admitting("me-3", "ab12cd-7"), now=2.5)
+    assert only(reg, 2.5).shared  # another replica's
+    reg.on_report(ADDR, admitting("me-4"), now=3.0)
+    assert not only(reg, 3.0).shared
+    reg.on_report(ADDR, admitting("local-9f8e"), now=3.5)
+    assert only(reg, 3.5).shared  # an edge that decided on its own
+    reg.on_report(ADDR, admitting("me-5"), now=4.0)
+    reg.on_report(ADDR, report(running=1), now=4.5)
+    assert only(reg, 4.5).shared  # no lists at all: cannot tell
+    reg.on_report(ADDR, admitting(), now=5.0)
+    assert only(reg, 5.0).shared  # lists again, nothing named yet: still cannot tell
+    assert Fleet().id_prefix != Fleet().id_prefix  # random per router process

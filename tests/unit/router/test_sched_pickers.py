@@ -181,3 +181,36 @@ def test_max_score_near_equal_never_draws_away_from_a_clear_affinity() -> None:
     assert firsts({0: 0.15, 2: 0.15}) == {0, 2}
     assert firsts({0: 0.05}) == {0, 1, 2}  # within the noise the band is for
     assert firsts({1: 0.15}) == {0, 1, 2}  # the best holds nothing: the draw is as before
+
+
+def test_max_score_near_equal_draws_only_where_another_router_sends() -> None:
+    """A router that is its workers' only source counts its requests in flight exactly: the
+    band (insurance against other routers' unseen picks) is not drawn, the best one wins. One
+    worker of the region that another source sends to turns the draw back on, for the region;
+    a shared worker in another region does not, unless the band spans regions."""
+
+    def rows(shared: dict[int, bool]) -> Candidates:
+        regions = ["near", "near", "near", "far"]
+        return Candidates(
+            [
+                WorkerSnapshot(
+                    worker_id=f"w{i}", region=r, address="a", shared=shared.get(i, False)
+                )
+                for i, r in enumerate(regions)
+            ]
+        )
+
+    totals = [0.80, 0.79, 0.50, 0.795]
+
+    def firsts(picker: MaxScorePicker, shared: dict[int, bool]) -> set[int]:
+        cands = rows(shared)
+        return {picker.pick(QUERY, Scored(cands, totals, random.Random(s)))[0] for s in range(100)}
+
+    picker = MaxScorePicker(near_equal=0.05)
+    assert firsts(picker, {}) == {0}
+    assert firsts(picker, {3: True}) == {0}  # another region's sharing is not this one's
+    assert firsts(picker, {2: True}) == {0, 1}  # a worker outside the band, same region
+    across = MaxScorePicker(near_equal=0.05, near_equal_across=True)
+    assert firsts(across, {}) == {0}
+    assert firsts(across, {3: True}) == {0, 1, 3}
+    assert WorkerSnapshot(worker_id="x", region="r", address="a").shared  # unknown: shared
