@@ -68,8 +68,8 @@ class WorkerSnapshot:
     this router did not make reach the worker too (another router replica's, or the edge's own
     while the router was away) — the last report that named admitted requests named one of
     theirs, or the worker does not name them at all — so its counts between two reports can be
-    short by requests no one here can see. ``False`` only when this router is known to be the
-    worker's only source: then ``in_flight`` is exact.
+    short by requests no one here can see. ``False`` while the worker's admission lists have
+    named only this router's requests (or none yet): then ``in_flight`` is exact.
     """
 
     worker_id: str
