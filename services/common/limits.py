@@ -28,3 +28,11 @@ MAX_EMBEDDING_INPUTS: Final = 2048  # inputs in one embeddings request (OpenAI's
 MAX_PROMPT_TOKEN_IDS: Final = 262_144  # token ids in one prompt or embedding input
 MAX_TOKEN_ID: Final = 2**31 - 1
 MAX_CHOICES: Final = 128  # chat's n, at most, whatever a deployment allows
+
+# JSON schemas (tool parameters, response_format): how deeply objects and arrays may nest,
+# counting the schema itself as 1. Schemas travel to the worker as protobuf Structs, three
+# message levels per JSON object, and protobuf refuses to decode past 100 levels: a schema
+# nested ~32 deep made the worker's whole GenerateMux call undecodable, every stream on it
+# with it. 20 leaves room for the envelope and is twice what OpenAI's structured outputs
+# allow (10 levels of properties).
+MAX_SCHEMA_DEPTH: Final = 20

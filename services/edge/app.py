@@ -15,6 +15,7 @@ import redis.exceptions
 from aiohttp import web
 
 from services.common import capabilities
+from services.common.errors import ModelNotFound
 from services.common.httpapp import hide_version_banner
 from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
@@ -186,29 +187,48 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
     return await request.app[EMBEDDINGS](_context(request, EMBEDDINGS_DIALECT.id_prefix))
 
 
-async def list_models(request: web.Request) -> web.Response:
+async def _visible_models(request: web.Request) -> list[dict[str, object]]:
+    """The models some healthy worker serves, as the caller's tenant may use them: only its
+    ``allowed_models`` (when it has a list), each in its ``allowed_regions`` only (a model
+    served nowhere the tenant may run is not listed) — what a request of theirs could reach."""
     deps = request.app[DEPS]
-    await deps.auth.from_request(request)
+    tenant = (await deps.auth.from_request(request)).tenant
     served = await deps.router.list_models()
-    return web.json_response(
-        {
-            "object": "list",
-            "data": [
-                {
-                    "id": m.name,
-                    "object": "model",
-                    "created": 0,
-                    "owned_by": "meridian",
-                    "regions": list(m.regions),
-                    "max_model_len": m.max_model_len,
-                    # Meridian's extension (the SDK keeps unknown fields): what the model
-                    # supports somewhere in the fleet.
-                    "capabilities": capabilities.as_json(m.capabilities),
-                }
-                for m in served.models
-            ],
-        }
-    )
+    allowed = set(tenant.allowed_regions)
+    out: list[dict[str, object]] = []
+    for m in served.models:
+        if not tenant.allows_model(m.name):
+            continue
+        regions = [r for r in m.regions if not allowed or r in allowed]
+        if not regions:
+            continue
+        out.append(
+            {
+                "id": m.name,
+                "object": "model",
+                "created": 0,
+                "owned_by": "meridian",
+                "regions": regions,
+                "max_model_len": m.max_model_len,
+                # Meridian's extension (the SDK keeps unknown fields): what the model
+                # supports somewhere in the fleet.
+                "capabilities": capabilities.as_json(m.capabilities),
+            }
+        )
+    return out
+
+
+async def list_models(request: web.Request) -> web.Response:
+    return web.json_response({"object": "list", "data": await _visible_models(request)})
+
+
+async def retrieve_model(request: web.Request) -> web.Response:
+    """GET /v1/models/{model} (the SDK's ``models.retrieve``): one entry of the list."""
+    name = request.match_info["model"]
+    for m in await _visible_models(request):
+        if m["id"] == name:
+            return web.json_response(m)
+    raise ModelNotFound(f"The model '{name[:256]}' does not exist", param="model")
 
 
 async def healthz(request: web.Request) -> web.Response:
@@ -255,6 +275,7 @@ def build_app(deps: EdgeDeps, web_state: WebState | None = None) -> web.Applicat
     app.router.add_post("/v1/completions", completions)
     app.router.add_post("/v1/embeddings", embeddings)
     app.router.add_get("/v1/models", list_models)
+    app.router.add_get("/v1/models/{model:.+}", retrieve_model)  # ids may hold a "/"
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     if web_state is not None:

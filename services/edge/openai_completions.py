@@ -48,6 +48,10 @@ def _is_token(x: Any) -> bool:
     return isinstance(x, int) and not isinstance(x, bool)
 
 
+#: ``max_tokens`` when a completions request leaves it out (OpenAI's and vLLM's default).
+DEFAULT_MAX_TOKENS = 16
+
+
 class _ElementError(ValueError):
     def __init__(self, index: int, message: str) -> None:
         super().__init__(message)
@@ -63,7 +67,10 @@ class CompletionRequest(BaseModel):
     prompt: Any
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    max_tokens: Annotated[StrictInt, Field(ge=1, le=limits.MAX_TOKENS_CEILING)] | None = None
+    # Left out: 16, as OpenAI's and vLLM's completions default; null: up to the context length.
+    max_tokens: Annotated[StrictInt, Field(ge=1, le=limits.MAX_TOKENS_CEILING)] | None = (
+        DEFAULT_MAX_TOKENS
+    )
     temperature: (
         Annotated[float, Field(ge=limits.TEMPERATURE_RANGE[0], le=limits.TEMPERATURE_RANGE[1])]
         | None

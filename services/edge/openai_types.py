@@ -17,7 +17,6 @@ does.
 
 from __future__ import annotations
 
-import json
 import time
 from typing import Annotated, Any, Literal
 
@@ -36,6 +35,7 @@ from pydantic import (
 
 from services.common import limits
 from services.common.errors import InvalidRequest
+from services.edge.jsonbody import load_object
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
@@ -304,21 +304,7 @@ def _param_path(loc: tuple[int | str, ...]) -> str:
 
 def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     """Parse and validate a request body; every failure names the field it is about."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise InvalidRequest(f"request body is not valid UTF-8 (byte {err.start})") from None
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise InvalidRequest(
-            f"We could not parse the JSON body of your request: {err.msg} at line {err.lineno} "
-            f"column {err.colno}"
-        ) from None
-    except RecursionError:
-        raise InvalidRequest("request body is nested too deeply") from None
-    if not isinstance(data, dict):
-        raise InvalidRequest("request body must be a JSON object")
+    data = load_object(body)
     try:
         req = ChatCompletionRequest.model_validate(data)
     except ValidationError as err:
@@ -353,10 +339,37 @@ _KNOWN_DRAFTS = frozenset(
 )
 
 
+def _too_deep(value: object, room: int) -> str | None:
+    """The JSON pointer of the first container nested past ``room`` levels (``""``: the value
+    itself), or ``None``. Iterative, so a hostile schema cannot exhaust the stack."""
+    stack: list[tuple[object, str, int]] = [(value, "", 1)]
+    while stack:
+        node, path, depth = stack.pop()
+        if isinstance(node, dict):
+            items: Any = node.items()
+        elif isinstance(node, list):
+            items = enumerate(node)
+        else:
+            continue
+        if depth > room:
+            return path
+        stack.extend((v, f"{path}/{k}", depth + 1) for k, v in items)
+    return None
+
+
 def _check_schema(schema: dict[str, Any], param: str) -> None:
     """A JSON schema must be valid against its metaschema (draft 2020-12 unless ``$schema``
     names another draft). ``jsonschema_rs`` checks it in microseconds where the pure-Python
-    ``jsonschema`` takes milliseconds of the event loop per new schema (bench/README.md)."""
+    ``jsonschema`` takes milliseconds of the event loop per new schema (bench/README.md).
+    Nested at most ``limits.MAX_SCHEMA_DEPTH`` deep: deeper cannot reach a worker."""
+    where = _too_deep(schema, limits.MAX_SCHEMA_DEPTH)
+    if where is not None:
+        raise InvalidRequest(
+            f"Invalid schema for '{param}': objects and arrays nest more than "
+            f"{limits.MAX_SCHEMA_DEPTH} deep (at {where or '/'})",
+            param=param,
+            code="invalid_schema",
+        )
     draft = schema.get("$schema")
     if draft is not None and draft not in _KNOWN_DRAFTS:
         raise InvalidRequest(

@@ -66,6 +66,18 @@ async def test_a_text_completion_has_text_usage_and_the_openai_shape(stack: Stac
     assert done.usage.total_tokens == done.usage.prompt_tokens + 5
 
 
+async def test_a_completion_without_max_tokens_stops_at_sixteen_as_openais_does(
+    stack: Stack,
+) -> None:
+    async with client(stack) as c:
+        done = await c.completions.create(
+            model=MODEL, prompt="Once upon a time", extra_body={"ignore_eos": True}
+        )
+    assert done.usage is not None
+    assert done.usage.completion_tokens == 16
+    assert done.choices[0].finish_reason == "length"
+
+
 async def test_a_streamed_completion_arrives_as_chunks_then_usage(stack: Stack) -> None:
     async with client(stack) as c:
         stream = await c.completions.create(

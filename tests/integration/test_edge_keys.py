@@ -88,6 +88,39 @@ async def test_a_model_outside_the_tenant_allowance_looks_like_no_model(stack: S
     assert stack.edge.counters.models_not_allowed == 1
 
 
+async def test_models_lists_what_the_tenant_may_use_and_retrieve_finds_one(stack: Stack) -> None:
+    """/v1/models is what a request of this tenant could reach: its allowed models only, each
+    in its allowed regions; GET /v1/models/{id} (the SDK's models.retrieve) is one entry, a
+    404 model_not_found for a model it may not see."""
+
+    async def get(key: str, path: str) -> tuple[int, dict[str, object]]:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(f"{stack.base_url}{path}", headers={"Authorization": f"Bearer {key}"}) as r,
+        ):
+            return r.status, await r.json()
+
+    status, listed = await get(stack.key, "/models")
+    assert status == 200
+    (entry,) = listed["data"]  # type: ignore[misc]
+    assert entry["id"] == MODEL
+    assert set(entry["regions"]) == {"kr", "jp", "us"}
+    status, one = await get(stack.key, f"/models/{MODEL}")
+    assert (status, one) == (200, entry)
+    us_only = await stack.edge.new_key("us-only", allowed_regions=("us",))
+    status, listed = await get(us_only, "/models")
+    assert [m["regions"] for m in listed["data"]] == [["us"]]  # type: ignore[attr-defined]
+    narrow = await stack.edge.new_key("narrow-list", allowed_models=("some-other-model",))
+    status, listed = await get(narrow, "/models")
+    assert (status, listed["data"]) == (200, [])
+    status, missing = await get(narrow, f"/models/{MODEL}")
+    assert status == 404
+    assert missing["error"]["code"] == "model_not_found"  # type: ignore[index]
+    status, missing = await get(stack.key, "/models/org/no-such-model")
+    assert status == 404
+    assert missing["error"]["param"] == "model"  # type: ignore[index]
+
+
 async def test_keys_of_a_disabled_tenant_are_forbidden(stack: Stack) -> None:
     await stack.edge.directory.ensure_tenant(Tenant(tenant_id="gone"))
     key = await stack.edge.new_key("gone")

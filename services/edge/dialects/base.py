@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import json
-from typing import Any, Protocol, TypeVar
+from typing import Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -11,6 +10,7 @@ from meridian.v1 import router_pb2
 from services.common.errors import InvalidRequest
 from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
+from services.edge.jsonbody import load_object
 from services.edge.openai_types import _param_path
 from services.edge.request_limits import RequestLimits
 
@@ -44,21 +44,7 @@ class Dialect(Protocol):
 
 def parse_body(body: bytes, model: type[M]) -> M:
     """JSON object → ``model``; every failure is a 400 naming the field (as chat's parser)."""
-    try:
-        text = body.decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise InvalidRequest(f"request body is not valid UTF-8 (byte {err.start})") from None
-    try:
-        data: Any = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise InvalidRequest(
-            f"We could not parse the JSON body of your request: {err.msg} at line {err.lineno} "
-            f"column {err.colno}"
-        ) from None
-    except RecursionError:
-        raise InvalidRequest("request body is nested too deeply") from None
-    if not isinstance(data, dict):
-        raise InvalidRequest("request body must be a JSON object")
+    data = load_object(body)
     try:
         return model.model_validate(data)
     except ValidationError as err:

@@ -90,3 +90,73 @@ def test_lone_surrogate_escapes_are_refused() -> None:
     with pytest.raises(InvalidRequest) as exc:
         parse_chat_request(raw)
     assert exc.value.param == "messages[0].content"
+
+
+@pytest.mark.parametrize(
+    "literal", ["NaN", "Infinity", "-Infinity", "1e999", "-1e400"], ids=lambda s: s
+)
+def test_nan_and_infinite_numbers_are_not_json(literal: str) -> None:
+    """Python's json takes them; a worker's Struct cannot carry them (a schema's ``const: NaN``
+    failed on every worker it was retried on). A 400 at the edge, wherever they sit."""
+    schema = '{"type": "number", "const": %s}' % literal
+    raw = (
+        '{"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": '
+        '{"type": "json_schema", "json_schema": {"name": "x", "schema": %s}}}' % schema
+    ).encode()
+    with pytest.raises(InvalidRequest, match=f"{literal} is"):
+        parse_chat_request(raw)
+    assert parse_chat_request(body(temperature=1e-300)).temperature == 1e-300  # finite: fine
+
+
+def _nested_schema(depth: int, container: str) -> dict[str, object]:
+    schema: dict[str, object] = {"type": "string"}
+    for _ in range(depth - 1):
+        if container == "array":
+            schema = {"type": "array", "items": schema}
+        else:  # two JSON levels per step: the schema and its properties
+            schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+@pytest.mark.parametrize("where", ["response_format", "tool"])
+def test_a_schema_nested_past_what_a_worker_can_decode_is_refused(where: str) -> None:
+    """Schemas reach the worker as protobuf Structs, and protobuf stops decoding at 100 message
+    levels (about 32 JSON levels): a deeper schema made the worker's GenerateMux call
+    undecodable, every stream on it with it. Refused at the edge with the param and where."""
+
+    def request(schema: dict[str, object]) -> bytes:
+        if where == "tool":
+            tools = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+            return body(tools=tools)
+        return body(
+            response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+        )
+
+    parse_chat_request(request(_nested_schema(20, "array")))  # at the limit: accepted
+    param = (
+        "tools[0].function.parameters" if where == "tool" else "response_format.json_schema.schema"
+    )
+    for schema in (
+        _nested_schema(21, "array"),
+        _nested_schema(12, "object"),
+        _nested_schema(400, "array"),
+    ):
+        with pytest.raises(InvalidRequest, match="nest more than 20 deep") as err:
+            parse_chat_request(request(schema))
+        assert err.value.param == param
+        assert err.value.code == "invalid_schema"
+
+
+def test_a_schema_at_the_depth_limit_still_decodes_inside_a_mux_frame() -> None:
+    """The limit leaves room: the deepest accepted schema, as a tool's parameters (the deeper
+    of the two places), inside the GenerateMux frame the edge sends, decodes on the worker."""
+    from meridian.v1 import worker_pb2
+    from services.common.jsonstruct import to_struct
+
+    for container in ("array", "object"):
+        schema = _nested_schema(20 if container == "array" else 10, container)
+        frame = worker_pb2.MuxRequest(stream_id=1)
+        tool = frame.open.request.tools.add()
+        to_struct(schema, tool.function.parameters)
+        to_struct(schema, frame.open.request.response_format.schema)
+        worker_pb2.MuxRequest.FromString(frame.SerializeToString())
