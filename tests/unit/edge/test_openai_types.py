@@ -98,10 +98,10 @@ def test_lone_surrogate_escapes_are_refused() -> None:
 def test_nan_and_infinite_numbers_are_not_json(literal: str) -> None:
     """Python's json takes them; a worker's Struct cannot carry them (a schema's ``const: NaN``
     failed on every worker it was retried on). A 400 at the edge, wherever they sit."""
-    schema = '{"type": "number", "const": %s}' % literal
+    schema = '{"type": "number", "const": ' + literal + "}"
     raw = (
         '{"model": "m", "messages": [{"role": "user", "content": "x"}], "response_format": '
-        '{"type": "json_schema", "json_schema": {"name": "x", "schema": %s}}}' % schema
+        '{"type": "json_schema", "json_schema": {"name": "x", "schema": ' + schema + "}}}"
     ).encode()
     with pytest.raises(InvalidRequest, match=f"{literal} is"):
         parse_chat_request(raw)
