@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import aiohttp
 import pytest
@@ -93,7 +94,7 @@ async def test_models_lists_what_the_tenant_may_use_and_retrieve_finds_one(stack
     in its allowed regions; GET /v1/models/{id} (the SDK's models.retrieve) is one entry, a
     404 model_not_found for a model it may not see."""
 
-    async def get(key: str, path: str) -> tuple[int, dict[str, object]]:
+    async def get(key: str, path: str) -> tuple[int, Any]:
         async with (
             aiohttp.ClientSession() as http,
             http.get(f"{stack.base_url}{path}", headers={"Authorization": f"Bearer {key}"}) as r,
@@ -102,23 +103,23 @@ async def test_models_lists_what_the_tenant_may_use_and_retrieve_finds_one(stack
 
     status, listed = await get(stack.key, "/models")
     assert status == 200
-    (entry,) = listed["data"]  # type: ignore[misc]
+    (entry,) = listed["data"]
     assert entry["id"] == MODEL
     assert set(entry["regions"]) == {"kr", "jp", "us"}
     status, one = await get(stack.key, f"/models/{MODEL}")
     assert (status, one) == (200, entry)
     us_only = await stack.edge.new_key("us-only", allowed_regions=("us",))
     status, listed = await get(us_only, "/models")
-    assert [m["regions"] for m in listed["data"]] == [["us"]]  # type: ignore[attr-defined]
+    assert [m["regions"] for m in listed["data"]] == [["us"]]
     narrow = await stack.edge.new_key("narrow-list", allowed_models=("some-other-model",))
     status, listed = await get(narrow, "/models")
     assert (status, listed["data"]) == (200, [])
     status, missing = await get(narrow, f"/models/{MODEL}")
     assert status == 404
-    assert missing["error"]["code"] == "model_not_found"  # type: ignore[index]
+    assert missing["error"]["code"] == "model_not_found"
     status, missing = await get(stack.key, "/models/org/no-such-model")
     assert status == 404
-    assert missing["error"]["param"] == "model"  # type: ignore[index]
+    assert missing["error"]["param"] == "model"
 
 
 async def test_keys_of_a_disabled_tenant_are_forbidden(stack: Stack) -> None:
