@@ -15,7 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_
 
 from services.common import limits
 from services.common.errors import InvalidRequest
-from services.edge.openai_types import Penalty, Probability, StreamOptions, Text
+from services.edge.openai_types import ModelName, Penalty, Probability, StreamOptions, Text
 
 TokenId = Annotated[StrictInt, Field(ge=0, le=limits.MAX_TOKEN_ID)]
 TokenIds = Annotated[list[TokenId], Field(max_length=limits.MAX_PROMPT_TOKEN_IDS)]
@@ -63,7 +63,7 @@ class CompletionRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    model: Annotated[Text, Field(min_length=1, max_length=limits.MAX_MODEL_NAME_CHARS)]
+    model: ModelName
     prompt: Any
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
@@ -120,7 +120,7 @@ class EmbeddingRequest(BaseModel):
 
     model_config = ConfigDict(extra="ignore")
 
-    model: Annotated[Text, Field(min_length=1, max_length=limits.MAX_MODEL_NAME_CHARS)]
+    model: ModelName
     input: Any
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[StrictInt, Field(ge=1, le=65536)] | None = None

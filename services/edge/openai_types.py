@@ -17,6 +17,7 @@ does.
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Annotated, Any, Literal
 
@@ -50,6 +51,25 @@ def _valid_unicode(value: str) -> str:
 
 
 Text = Annotated[StrictStr, AfterValidator(_valid_unicode)]
+
+# An API key pasted into ``model`` (arguments swapped: a common slip) would travel on to the
+# router and into its logs as the "unknown model" it asked for. Meridian's keys and the
+# other providers' usual ``sk-…`` ones are refused here, without echoing them.
+_KEY_LIKE = re.compile(r"^(mk-[A-Za-z0-9_-]{40,}|sk-[A-Za-z0-9_-]{20,})$")
+
+
+def _not_a_key(value: str) -> str:
+    if _KEY_LIKE.match(value):
+        raise ValueError(
+            "this looks like an API key, not a model name (send the key in the "
+            "Authorization header; it was not stored or logged)"
+        )
+    return value
+
+
+ModelName = Annotated[
+    Text, Field(min_length=1, max_length=limits.MAX_MODEL_NAME_CHARS), AfterValidator(_not_a_key)
+]
 
 
 class ContentPart(BaseModel):
@@ -169,7 +189,7 @@ class ChatCompletionRequest(BaseModel):
     # Unknown top-level fields are ignored, as OpenAI does for forward compatibility.
     model_config = ConfigDict(extra="ignore")
 
-    model: Annotated[Text, Field(min_length=1, max_length=limits.MAX_MODEL_NAME_CHARS)]
+    model: ModelName
     messages: Annotated[list[ChatMessageIn], Field(min_length=1, max_length=limits.MAX_MESSAGES)]
     stream: StrictBool = False
     stream_options: StreamOptions | None = None

@@ -160,3 +160,14 @@ def test_a_schema_at_the_depth_limit_still_decodes_inside_a_mux_frame() -> None:
         to_struct(schema, tool.function.parameters)
         to_struct(schema, frame.open.request.response_format.schema)
         worker_pb2.MuxRequest.FromString(frame.SerializeToString())
+
+
+@pytest.mark.parametrize("pasted", ["mk-" + "A1b2_-" * 7 + "x", "sk-proj-" + "a" * 40])
+def test_an_api_key_pasted_into_model_is_refused_without_echoing_it(pasted: str) -> None:
+    """Arguments swapped (a common slip): the key would travel to the router and into its
+    logs as the unknown model asked for."""
+    with pytest.raises(InvalidRequest, match="looks like an API key") as err:
+        parse_chat_request(body(model=pasted))
+    assert err.value.param == "model"
+    assert pasted not in err.value.message
+    assert parse_chat_request(body(model="sk-model")).model == "sk-model"  # short: a name
