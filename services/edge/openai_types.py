@@ -437,6 +437,13 @@ def check_features(req: ChatCompletionRequest) -> None:
         )
     calls: set[str] = set()
     for i, m in enumerate(req.messages):
+        # As OpenAI: only an assistant message that calls tools may leave its content out.
+        if m.content is None and not (m.role == "assistant" and m.tool_calls):
+            needs = "unless it has tool_calls" if m.role == "assistant" else f"for role {m.role!r}"
+            raise InvalidRequest(
+                f"Missing required parameter: 'messages[{i}].content' ({needs}).",
+                param=f"messages[{i}].content",
+            )
         if m.tool_calls:
             if m.role != "assistant":
                 raise InvalidRequest(

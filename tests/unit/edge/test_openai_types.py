@@ -171,3 +171,23 @@ def test_an_api_key_pasted_into_model_is_refused_without_echoing_it(pasted: str)
     assert err.value.param == "model"
     assert pasted not in err.value.message
     assert parse_chat_request(body(model="sk-model")).model == "sk-model"  # short: a name
+
+
+@pytest.mark.parametrize(
+    ("message", "param"),
+    [
+        ({"role": "user"}, "messages[0].content"),
+        ({"role": "system", "content": None}, "messages[0].content"),
+        ({"role": "assistant", "content": None}, "messages[0].content"),
+    ],
+)
+def test_a_message_without_content_is_refused_unless_it_calls_tools(
+    message: dict[str, object], param: str
+) -> None:
+    with pytest.raises(InvalidRequest, match="Missing required parameter") as err:
+        parse_chat_request(body(messages=[message, {"role": "user", "content": "hi"}]))
+    assert err.value.param == param
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    calling = {"role": "assistant", "content": None, "tool_calls": [call]}
+    answer = {"role": "tool", "tool_call_id": "c1", "content": "done"}
+    parse_chat_request(body(messages=[{"role": "user", "content": "hi"}, calling, answer]))
