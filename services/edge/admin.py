@@ -37,6 +37,7 @@ from services.common.errors import AuthenticationFailed, InvalidRequest
 from services.common.httpapp import hide_version_banner
 from services.edge.counters import EdgeCounters
 from services.edge.middleware.error_boundary import error_boundary
+from services.edge.request_body import content_coding, decode_body
 from services.edge.tenancy.apikeys import KeyRecord
 from services.edge.tenancy.directory import MAX_GRACE_S, Directory
 from services.edge.tenancy.tenants import Limits, Tenant, TenantPatch
@@ -101,7 +102,10 @@ def _param(loc: tuple[int | str, ...]) -> str:
 
 
 async def _body(request: web.Request, model: type[Model], *, empty_ok: bool = False) -> Model:
-    raw = await request.read()
+    """The JSON body as ``model``, decoded from its Content-Encoding (the admin listener, like
+    the public one, leaves that to :mod:`services.edge.request_body`); 400 names the field."""
+    coding = content_coding(request)
+    raw = decode_body(await request.read(), coding, max_bytes=_MAX_BODY)
     if not raw.strip() and empty_ok:
         raw = b"{}"
     try:

@@ -5,6 +5,8 @@ They extend that tree, so the error boundary renders them like every other error
     MeridianError
     ├── InvalidRequest
     │   ├── RequestTimeout       408  the client sent its body (or headers) too slowly
+    │   ├── UnsupportedContentEncoding
+    │   │                        415  a body in a Content-Encoding the edge does not decode
     │   └── HeadersTooLarge      431  a header line, field or count over the limit
     └── Conflict                 409  admin API: the tenant already exists
 
@@ -19,6 +21,11 @@ from services.common.errors import InvalidRequest, MeridianError
 class RequestTimeout(InvalidRequest):
     http_status = 408
     default_code = "request_timeout"
+
+
+class UnsupportedContentEncoding(InvalidRequest):
+    http_status = 415
+    default_code = "unsupported_content_encoding"
 
 
 class HeadersTooLarge(InvalidRequest):

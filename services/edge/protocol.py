@@ -270,6 +270,9 @@ class Listener:
                 max_headers=cfg.max_headers,
                 lingering_time=1.0,
                 access_log=None,
+                # Bodies are decoded by the handlers that read them (request_body.py), where
+                # a bad or unknown Content-Encoding is a 400/415 rather than a parser failure.
+                auto_decompress=False,
             )
 
         try:

@@ -294,7 +294,8 @@ class EdgeServer:
                     now_ms=lambda: int(self._clock.time() * 1000),
                 )
             )
-            self._admin_runner = web.AppRunner(admin, access_log=None)
+            # Bodies are decoded by admin.py (request_body.py), as on the public listener.
+            self._admin_runner = web.AppRunner(admin, access_log=None, auto_decompress=False)
             await self._admin_runner.setup()
             site = web.TCPSite(self._admin_runner, cfg.admin_host, cfg.admin_port)
             await start_site(site, "the admin API", cfg.admin_host, cfg.admin_port)

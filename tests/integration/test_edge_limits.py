@@ -25,6 +25,7 @@ from services.edge.ratelimit.redis_backend import RedisBackend
 from services.edge.ratelimit.types import Ask, Verdict
 from services.edge.tenancy.tenants import Limits
 from tests.integration.conftest import MODEL, Stack
+from tests.support.builders import TEST_ADMIN_TOKEN
 from tests.support.inproc import RunningEdge, start_edge
 from tests.support.wait import eventually
 
@@ -208,3 +209,49 @@ async def test_per_key_limits_apply_under_the_tenant_limits(pair: Pair) -> None:
     assert "on key" in a[2].body["error"]["message"]
     assert [x.status for x in b] == [200, 429]  # the tenant's: 3 in all
     assert "on tenant shared" in b[1].body["error"]["message"]
+
+
+async def admin_patch(edge: RunningEdge, tenant: str, body: dict[str, Any]) -> int:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.patch(
+            f"{edge.admin_url}/admin/tenants/{tenant}",
+            headers={"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"},
+            json=body,
+        ) as resp,
+    ):
+        return resp.status
+
+
+async def test_raising_the_rpm_of_a_throttled_tenant_takes_effect_at_once(stack: Stack) -> None:
+    edge = stack.edge
+    key = await edge.new_key("throttled", limits=Limits(rpm=2))
+    async with aiohttp.ClientSession() as http:
+        answers = [await post(http, edge, key, max_tokens=2) for _ in range(3)]
+        assert [a.status for a in answers] == [200, 200, 429]
+        assert "Limit 2, Used 2, Requested 1" in answers[2].body["error"]["message"]
+        seen = edge.counters.auth_invalidations
+        assert await admin_patch(edge, "throttled", {"limits": {"rpm": 100}}) == 200
+        await eventually(lambda: edge.counters.auth_invalidations > seen)  # the new limit
+        after = await post(http, edge, key, max_tokens=2)
+    assert after.status == 200, after.body  # not the refusal remembered under rpm=2
+    assert after.headers["x-ratelimit-limit-requests"] == "100"
+    assert after.headers["x-ratelimit-remaining-requests"] == "97"
+
+
+async def test_min_tokens_without_max_tokens_is_reserved_and_refused_as_too_large(
+    stack: Stack,
+) -> None:
+    key = await stack.edge.new_key("tpm", limits=Limits(tpm=2000))
+    async with aiohttp.ClientSession() as http:
+        by_min = await post(http, stack.edge, key, min_tokens=8000)
+        by_max = await post(http, stack.edge, key, max_tokens=8000)
+        small = await post(http, stack.edge, key, min_tokens=2)
+    for refused in (by_min, by_max):
+        assert refused.status == 429, refused.body
+        assert refused.body["error"]["message"].startswith(
+            "Request too large for tokens per minute (TPM) on tenant tpm"
+        )
+        assert "Limit 2000, Requested 80" in refused.body["error"]["message"]
+    assert small.status == 200, small.body  # the default budget (1024) still fits
+    assert stack.edge.counters.rate_limited_too_large == 2

@@ -76,6 +76,7 @@ def refusal_message(ask: Ask, verdict: Verdict) -> str:
         )
     return (
         f"Request too large for tokens per minute (TPM) {where}: Limit {scope.limits.tpm}, "
-        f"Requested {ask.tokens} (prompt estimate + max_tokens). Lower max_tokens or shorten "
-        "the prompt."
+        f"Requested {ask.tokens} (prompt estimate + max_tokens, or without max_tokens the "
+        "larger of min_tokens and the default completion budget). Lower max_tokens or "
+        "min_tokens, or shorten the prompt."
     )

@@ -7,9 +7,12 @@ In order, for each request:
    from abusive traffic): a reservation larger than a scope's whole tpm can never pass
    (429 at once), and a scope that Redis recently refused on *requests per minute* stays
    refused here until the retry time Redis gave — exact, because in a sliding window no
-   request slot frees before the oldest entry leaves it, whatever other replicas do.
-   (Token and stream refusals are not remembered: another replica's settle can free room
-   at any moment.)
+   request slot frees before the oldest entry leaves it, whatever other replicas do. Exact
+   *for that rpm* only: a refusal is remembered with the limit it was made under and the
+   requests Redis counted, and is forgotten as soon as the scope's rpm differs (an admin
+   raised or lowered it), so a new limit takes effect on the next request, not a minute
+   later. (Token and stream refusals are not remembered: another replica's settle can free
+   room at any moment.)
 2. **Redis** (one script call), unless the shared breaker is open.
 3. **Failure policy** when Redis failed or the breaker is open (both counted):
    ``open`` — decide on this replica's own windows, with each limit scaled by
@@ -97,6 +100,15 @@ class RateLimitConfig:
         return int(self.lease_ttl_s * 1000)
 
 
+@dataclass(frozen=True, slots=True)
+class _Denial:
+    """A Redis RPM refusal of one scope, remembered until its next free slot."""
+
+    until_ms: int  # when the scope's oldest entry leaves the window
+    rpm: int | None  # the limit it was refused under: a different one must ask Redis again
+    used: int  # requests Redis counted in the window (none can leave it before until_ms)
+
+
 class RateLimitExceeded(RateLimited):
     """A 429 that also carries the x-ratelimit-* headers of the refusing verdict."""
 
@@ -130,7 +142,7 @@ class RateLimiter:
         self._counters = counters
         self._clock = clock
         self.config = config
-        self._denied_until: dict[str, int] = {}  # scope id -> ms (RPM refusals)
+        self._denied: dict[str, _Denial] = {}  # scope id -> its remembered RPM refusal
         self._live: set[Lease] = set()
         self._pending: set[asyncio.Task[None]] = set()
         # Redis settles waiting for the flusher: (ask, tokens used, when queued in ms).
@@ -183,15 +195,15 @@ class RateLimiter:
                     retry_after_s=None,
                     headers={},
                 )
-            until = self._denied_until.get(scope.id)
-            if until is None:
+            denial = self._denied.get(scope.id)
+            if denial is None:
                 continue
-            if until <= now_ms:
-                del self._denied_until[scope.id]
+            if denial.until_ms <= now_ms or denial.rpm != scope.limits.rpm:
+                del self._denied[scope.id]  # a slot is free, or the limit changed: ask Redis
                 continue
             self._counters.rate_limited_requests += 1
             self._counters.rate_limited_locally += 1
-            raise _requests_refusal(scope, until - now_ms)
+            raise _requests_refusal(scope, denial, now_ms)
 
     async def _decide(self, ask: Ask, now_ms: int) -> tuple[LimiterBackend, Ask, Verdict]:
         if self._redis is None:
@@ -228,14 +240,16 @@ class RateLimiter:
             self._counters.rate_limited_requests += 1
             if not remember:
                 return
-            if len(self._denied_until) >= _MAX_DENIALS:
-                self._denied_until.clear()
+            if len(self._denied) >= _MAX_DENIALS:
+                self._denied.clear()
             # Remember the refusing scope until *its own* next free slot (its oldest entry
             # leaving the window), not the verdict's overall retry, which may be longer.
             scope = ask.scopes[verdict.scope_index]
             state = verdict.states[verdict.scope_index]
             if state.reset_ms > 0:
-                self._denied_until[scope.id] = now_ms + state.reset_ms
+                self._denied[scope.id] = _Denial(
+                    now_ms + state.reset_ms, scope.limits.rpm, state.requests
+                )
         elif reason is Reason.TOKENS:
             self._counters.rate_limited_tokens += 1
         elif reason is Reason.STREAMS:
@@ -410,15 +424,17 @@ def _at(verdict: Verdict) -> Verdict:
     )
 
 
-def _requests_refusal(scope: Scope, retry_ms: int) -> RateLimitExceeded:
-    rpm = scope.limits.rpm
+def _requests_refusal(scope: Scope, denial: _Denial, now_ms: int) -> RateLimitExceeded:
+    """The 429 of a remembered refusal, worded as Redis's own (the requests it counted)."""
+    rpm, retry_ms = denial.rpm, denial.until_ms - now_ms
     return RateLimitExceeded(
         f"Rate limit reached for requests per minute (RPM) on {scope.kind} {scope.name}: "
-        f"Limit {rpm}, Used {rpm}, Requested 1. Please try again in {go_duration(retry_ms)}.",
+        f"Limit {rpm}, Used {denial.used}, Requested 1. "
+        f"Please try again in {go_duration(retry_ms)}.",
         retry_after_s=retry_ms / 1000,
         headers={
             "x-ratelimit-limit-requests": str(rpm),
-            "x-ratelimit-remaining-requests": "0",
+            "x-ratelimit-remaining-requests": str(max(0, (rpm or 0) - denial.used)),
             "x-ratelimit-reset-requests": go_duration(retry_ms),
         },
     )

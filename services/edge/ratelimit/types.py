@@ -45,7 +45,7 @@ class Scope:
 @dataclass(frozen=True, slots=True)
 class Ask:
     request_id: str
-    tokens: int  # the reservation: prompt estimate + max_tokens (or a configured estimate)
+    tokens: int  # the reservation: prompt estimate + max_tokens (else min_tokens or a default)
     scopes: tuple[Scope, ...]
 
 

@@ -3,10 +3,11 @@ the reservation when the request ends — however it ends.
 
 Reservation = the prompt's token estimate + the endpoint's completion budget (chat and
 completions: ``max_tokens`` / ``max_completion_tokens``, or, if neither is set, the configured
-``default_completion_tokens``; embeddings: nothing, they decode no tokens), times the choices
-asked (chat's ``n``). It is taken before routing, so a burst of concurrent requests cannot
-overrun a token limit: each one must fit *with* every reservation still in flight. When the
-response is over (completed, failed, or the client went away and the worker call was
+``default_completion_tokens`` — but at least chat's ``min_tokens``, which the worker will
+generate whatever the default says; embeddings: nothing, they decode no tokens), times the
+choices asked (chat's ``n``). It is taken before routing, so a burst of concurrent requests
+cannot overrun a token limit: each one must fit *with* every reservation still in flight.
+When the response is over (completed, failed, or the client went away and the worker call was
 cancelled), the reservation is replaced by the tokens the worker really reported
 (``ctx.tokens_used``, kept current by the stream stage) and the stream slot is freed."""
 
@@ -45,6 +46,12 @@ class Admit:
         completion = self._dialect.completion_budget(ctx)
         if completion is None:
             completion = self._limiter.config.default_completion_tokens
+            # Nothing caps generation at the default budget, and min_tokens (a vLLM
+            # extension) makes the worker generate at least that many: reserve them, so a
+            # request over the tpm is refused as too large, as the same max_tokens would be.
+            # (With max_tokens set, min_tokens is validated to be at most that.)
+            if ctx.body is not None and ctx.body.min_tokens is not None:
+                completion = max(completion, ctx.body.min_tokens)
         if ctx.body is not None:
             completion *= ctx.body.choices()  # every choice may use max_tokens
         ask = Ask(

@@ -1,4 +1,5 @@
-"""The ``validate`` stage: read the body (bounded in size and time), parse it into the
+"""The ``validate`` stage: read the body (bounded in size and time, decoded from its
+``Content-Encoding`` by :mod:`services.edge.request_body`), parse it into the
 endpoint's OpenAI request (its dialect: a 400 names the field), apply the request limits and
 the tenant's model policy, and derive what later stages need without keeping the prompt (token
 estimate, session id)."""
@@ -17,6 +18,7 @@ from services.edge.dialects.base import Dialect
 from services.edge.dialects.chat import CHAT
 from services.edge.httperrors import RequestTimeout
 from services.edge.pipeline import Next
+from services.edge.request_body import content_coding, decode_body
 from services.edge.request_limits import RequestLimits
 
 __all__ = ["RequestLimits", "Validate", "session_id"]
@@ -57,8 +59,9 @@ class Validate:
         return await call_next(ctx)
 
     async def _read(self, request: web.Request) -> bytes:
+        coding = content_coding(request)  # 415 before waiting for a body it cannot decode
         try:
-            return await asyncio.wait_for(request.read(), self._body_timeout_s)
+            raw = await asyncio.wait_for(request.read(), self._body_timeout_s)
         except TimeoutError:
             self._counters.body_timeouts += 1
             if request.transport is not None:
@@ -71,6 +74,11 @@ class Validate:
             raise PayloadTooLarge(
                 f"request body is larger than {self._limits.max_body_bytes} bytes"
             ) from None
+        try:
+            return decode_body(raw, coding, max_bytes=self._limits.max_body_bytes)
+        except PayloadTooLarge:
+            self._counters.bodies_too_large += 1
+            raise
 
 
 _SESSION_RE = re.compile(r"^[\x20-\x7e]*$")

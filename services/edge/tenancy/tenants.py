@@ -17,7 +17,8 @@ import re
 from enum import StrEnum
 from typing import Annotated
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic_core import PydanticCustomError
 
 from meridian.v1 import router_pb2
 
@@ -90,7 +91,12 @@ class Tenant(BaseModel):
 
 
 class TenantPatch(BaseModel):
-    """A partial update from the admin API: only the fields given change."""
+    """A partial update from the admin API: only the fields given change.
+
+    ``None`` on a field means "not given" (left out of the body), never "set to null": every
+    tenant field has a value, so an explicit ``null`` is refused as a 400 naming the field
+    rather than reaching :meth:`apply`, where it would make an invalid tenant. (To lift a
+    limit, send the limit's own ``null``: ``{"limits": {"rpm": null}}``.)"""
 
     model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
 
@@ -100,6 +106,18 @@ class TenantPatch(BaseModel):
     limits: Limits | None = None
     key_limits: Limits | None = None
     disabled: bool | None = None
+
+    @field_validator("*", mode="after")
+    @classmethod
+    def _not_null(cls, value: object) -> object:
+        # Every field, including any added later. After validation, not before: a "before"
+        # validator would hand the inner (strict) one Python values, and a JSON array would
+        # no longer pass as a tuple. Defaults (fields not given) are not validated at all.
+        if value is None:
+            raise PydanticCustomError(
+                "null_field", "must not be null (leave the field out to keep its value)"
+            )
+        return value
 
     def apply(self, tenant: Tenant) -> Tenant:
         changes = self.model_dump(exclude_unset=True)

@@ -4,9 +4,11 @@ CLI that drives it, against a real edge and a real Redis (the router is absent: 
 from __future__ import annotations
 
 import asyncio
+import gzip
 import json
 import os
 import sys
+import zlib
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -110,6 +112,92 @@ async def test_invalid_tenants_are_400_naming_the_field(
     status, answer, _ = await call(edge, "POST", "/admin/tenants", body)
     assert status == 400
     assert answer["error"]["param"] == param
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["tier", "allowed_models", "allowed_regions", "limits", "key_limits", "disabled"],
+)
+async def test_a_null_field_in_a_tenant_patch_is_400_naming_it(
+    edge: RunningEdge, field: str
+) -> None:
+    await call(edge, "POST", "/admin/tenants", {"tenant_id": "demo", "limits": {"rpm": 5}})
+    status, answer, _ = await call(edge, "PATCH", "/admin/tenants/demo", {field: None})
+    assert status == 400
+    assert answer["error"]["param"] == field
+    assert answer["error"]["type"] == "invalid_request_error"
+    assert "must not be null" in answer["error"]["message"]
+    status, tenant, _ = await call(edge, "GET", "/admin/tenants/demo")
+    assert (status, tenant["limits"]["rpm"], tenant["disabled"]) == (200, 5, False)  # unchanged
+    # A limit's own null still lifts it.
+    status, patched, _ = await call(edge, "PATCH", "/admin/tenants/demo", {"limits": {"rpm": None}})
+    assert (status, patched["limits"]["rpm"]) == (200, None)
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "param"),
+    [
+        ("/admin/tenants/acme/keys", {"name": None}, "name"),
+        ("/admin/keys/{key_id}/rotate", {"grace_s": None}, "grace_s"),
+    ],
+)
+async def test_a_null_field_in_a_key_body_is_400_naming_it(
+    edge: RunningEdge, path: str, body: dict[str, Any], param: str
+) -> None:
+    await call(edge, "POST", "/admin/tenants", {"tenant_id": "acme"})
+    _, created, _ = await call(edge, "POST", "/admin/tenants/acme/keys", {})
+    status, answer, _ = await call(edge, "POST", path.format(key_id=created["key_id"]), body)
+    assert (status, answer["error"]["param"]) == (400, param)
+
+
+async def test_null_key_limits_and_expiry_mean_none(edge: RunningEdge) -> None:
+    await call(edge, "POST", "/admin/tenants", {"tenant_id": "acme"})
+    body = {"limits": None, "expires_in_s": None}
+    status, created, _ = await call(edge, "POST", "/admin/tenants/acme/keys", body)
+    assert (status, created["limits"], created["expires_ms"]) == (201, None, None)
+
+
+async def raw_post(
+    edge: RunningEdge, path: str, data: bytes, encoding: str, token: str = TEST_ADMIN_TOKEN
+) -> tuple[int, Any, dict[str, str]]:
+    headers = {"Authorization": f"Bearer {token}", "Content-Encoding": encoding}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(edge.admin_url + path, data=data, headers=headers) as resp,
+    ):
+        return resp.status, await resp.json(), dict(resp.headers)
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+async def test_a_body_that_is_not_in_its_content_encoding_is_400_without_a_traceback(
+    edge: RunningEdge, encoding: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    body = b'{"tenant_id": "acme"}'
+    status, answer, _ = await raw_post(edge, "/admin/tenants", body, encoding)
+    assert status == 400
+    assert answer["error"]["type"] == "invalid_request_error"
+    assert answer["error"]["code"] == "invalid_content_encoding"
+    assert f"could not be decoded with Content-Encoding '{encoding}'" in answer["error"]["message"]
+    # Refused before its body is read (no admin token): aiohttp drains it, and must not fail.
+    status, _, _ = await raw_post(edge, "/admin/tenants", body, encoding, token="x" * 20)
+    assert status == 401
+    assert [r for r in caplog.records if r.exc_info] == []
+    # The same body, compressed as it says, is taken.
+    packed = gzip.compress(body) if encoding == "gzip" else zlib.compress(body)
+    status, created, _ = await raw_post(edge, "/admin/tenants", packed, encoding)
+    assert (status, created["tenant_id"]) == (201, "acme")
+
+
+async def test_an_unsupported_content_encoding_is_415_naming_the_supported_ones(
+    edge: RunningEdge,
+) -> None:
+    status, answer, headers = await raw_post(edge, "/admin/tenants", b"{}", "br")
+    assert status == 415
+    assert answer["error"]["message"] == (
+        "unsupported Content-Encoding 'br'; supported: gzip, deflate, identity"
+    )
+    assert answer["error"]["code"] == "unsupported_content_encoding"
+    assert headers["Accept-Encoding"] == "gzip, deflate, identity"
 
 
 async def test_keys_are_created_rotated_and_revoked(edge: RunningEdge) -> None:

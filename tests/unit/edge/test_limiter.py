@@ -136,6 +136,59 @@ async def test_an_rpm_refusal_is_remembered_locally_until_a_slot_frees(
     await limiter.admit(ask(rpm=2))
 
 
+async def test_raising_the_rpm_of_a_throttled_scope_takes_effect_at_once(
+    live: aioredis.Redis,
+) -> None:
+    clock, counters = ManualClock(), EdgeCounters()
+    limiter = make(live, clock, counters)
+    for _ in range(2):
+        await limiter.admit(ask(rpm=2))
+    with pytest.raises(RateLimitExceeded):
+        await limiter.admit(ask(rpm=2))  # remembered until a slot frees
+    clock.advance(1)
+    lease = await limiter.admit(ask(rpm=100))  # not the memory of rpm=2: Redis
+    assert lease.headers["x-ratelimit-remaining-requests"] == "97"
+    assert counters.rate_limited_locally == 0
+
+
+async def test_lowering_the_rpm_of_a_throttled_scope_asks_redis_again(
+    live: aioredis.Redis,
+) -> None:
+    clock, counters = ManualClock(), EdgeCounters()
+    limiter = make(live, clock, counters)
+    for _ in range(3):
+        await limiter.admit(ask(rpm=3))
+    with pytest.raises(RateLimitExceeded):
+        await limiter.admit(ask(rpm=3))
+    calls = await evalsha_calls(live)
+    with pytest.raises(RateLimitExceeded) as refused:
+        await limiter.admit(ask(rpm=2))
+    assert await evalsha_calls(live) == calls + 1
+    assert "Limit 2, Used 3, Requested 1" in refused.value.message
+
+
+async def test_a_remembered_rpm_refusal_reports_the_requests_really_used(
+    live: aioredis.Redis,
+) -> None:
+    clock, counters = ManualClock(), EdgeCounters()
+    limiter = make(live, clock, counters)
+    for _ in range(3):
+        await limiter.admit(ask(rpm=3))
+    clock.advance(10)
+    # The limit is lowered to 2 while 3 are in the window: Redis refuses with Used 3, and so
+    # must the refusal remembered from it (not "Used 2", the limit).
+    refusals = []
+    for _ in range(2):
+        with pytest.raises(RateLimitExceeded) as refused:
+            await limiter.admit(ask(rpm=2))
+        refusals.append(refused.value)
+    assert counters.rate_limited_locally == 1
+    for err in refusals:
+        assert "on tenant acme: Limit 2, Used 3, Requested 1" in err.message
+        assert err.headers["x-ratelimit-remaining-requests"] == "0"
+    assert refusals[1].retry_after_s == 50.0
+
+
 async def test_a_request_larger_than_tpm_is_refused_without_redis(dead: aioredis.Redis) -> None:
     counters = EdgeCounters()
     limiter = make(dead, ManualClock(), counters)
