@@ -22,6 +22,12 @@ derived from the seed and the call's position. A response format ``json_schema``
 instance of the schema, ``json_object`` ``{"answer": "<some words>"}``. The finish reason
 is ``tool_calls`` when calls were made (``stop`` for a named function, as OpenAI does),
 else ``stop``; a script always ends where it ends (``ignore_eos`` does not extend it).
+
+A script is never longer than the request's ``max_tokens``: the JSON is generated under that
+budget (:func:`jsongen.render`, so a schema asking for a billion characters costs what
+``max_tokens`` allows, not a billion), calls share it in order, and an answer that does not
+fit is the prefix that does, finishing with ``length`` as a real engine's would. A later
+call that gets no budget at all is not made.
 """
 
 from __future__ import annotations
@@ -75,32 +81,49 @@ def needs_script(request: EngineRequest) -> bool:
     return bool(request.tools) or request.response_format.type != "text"
 
 
-def build_script(request: EngineRequest, seed: int) -> Script | None:
-    """The scripted answer of ``request``, or None when it is plain text."""
+def build_script(
+    request: EngineRequest, seed: int, *, max_tokens: int = jsongen.DEFAULT_MAX_TOKENS
+) -> Script | None:
+    """The scripted answer of ``request``, or None when it is plain text; at most
+    ``max_tokens`` steps (the sequence's token budget), ending in ``length`` when cut."""
     calls = planned_calls(request)
     if calls:
         steps: list[Step] = []
         ids: list[str] = []
+        complete = True
         for index, tool in enumerate(calls):
+            left = max_tokens - len(steps)
+            if left <= 0:
+                complete = False
+                break
             schema = tool.parameters or {"type": "object"}
-            args = jsongen.generate(schema, seed_for(seed, tool.name))
-            text = json.dumps(args, ensure_ascii=False)
-            steps.extend(Step(piece, index) for piece in _pieces(text))
+            args = jsongen.render(schema, seed_for(seed, tool.name), max_tokens=left)
+            pieces = _pieces(args.text)
+            steps.extend(Step(piece, index) for piece in pieces[:left])
             ids.append(f"call_{seed_for('call', seed, index):016x}{index:08x}")
-        finish = (
-            FinishReason.STOP if request.tool_choice.mode == "function" else FinishReason.TOOL_CALLS
-        )
-        return Script(steps, ids, [t.name for t in calls], finish)
+            if not args.complete or len(pieces) > left:
+                complete = False
+                break
+        if not complete:
+            finish = FinishReason.LENGTH
+        elif request.tool_choice.mode == "function":
+            finish = FinishReason.STOP
+        else:
+            finish = FinishReason.TOOL_CALLS
+        return Script(steps, ids, [t.name for t in calls[: len(ids)]], finish)
     fmt = request.response_format
     if fmt.type == "json_schema":
-        doc = jsongen.generate(fmt.schema or {}, seed_for("schema", seed))
+        doc = jsongen.render(fmt.schema or {}, seed_for("schema", seed), max_tokens=max_tokens)
     elif fmt.type == "json_object":
         gen = TextGenerator(seed)
-        doc = {"answer": "".join(gen.next_piece() for _ in range(6)).strip()}
+        answer = "".join(gen.next_piece() for _ in range(6)).strip()
+        doc = jsongen.Rendering(json.dumps({"answer": answer}, ensure_ascii=False), True)
     else:
         return None
-    text = json.dumps(doc, ensure_ascii=False)
-    return Script([Step(p) for p in _pieces(text)], [], [], FinishReason.STOP)
+    pieces = _pieces(doc.text)
+    fits = doc.complete and len(pieces) <= max_tokens
+    finish = FinishReason.STOP if fits else FinishReason.LENGTH
+    return Script([Step(p) for p in pieces[:max_tokens]], [], [], finish)
 
 
 def planned_calls(request: EngineRequest) -> list[ToolSpec]:

@@ -164,7 +164,10 @@ def build_sequence(
         seed = seed_for("seed", sampling.seed, prompt_text)
     else:
         seed = seed_for("request", request.seed_id)
-    script = build_script(request, seed) if needs_script(request) else None
+    max_tokens = sampling.max_tokens if sampling.max_tokens is not None else room
+    # The script is built here, on the event loop, before anything is queued: its work is
+    # bounded by the request's token budget, whatever the schema asks for.
+    script = build_script(request, seed, max_tokens=max_tokens) if needs_script(request) else None
     natural_len = None
     if script is not None:
         natural_len = len(script)
@@ -178,7 +181,7 @@ def build_sequence(
         arrival=arrival,
         order=order,
         prompt_ids=prompt_ids,
-        max_tokens=sampling.max_tokens if sampling.max_tokens is not None else room,
+        max_tokens=max_tokens,
         natural_len=natural_len,
         stop=sampling.stop,
         max_model_len=limit,
