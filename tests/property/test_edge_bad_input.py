@@ -222,38 +222,47 @@ def test_header_injection_never_reaches_the_response(
         (b'{"model": "m", "messages": [{"role": "user", "content": "\xff\xfe"}]}', 400, "UTF-8"),
         (b'{"model": "m", "messages": [{"role": "user", "content": "\\ud800"}]}', 400, "surrogate"),
         (b'{"model": "m", "messages": []}', 400, "messages"),
-        (b'{"model": "m", "messages": [{"role": "user"}], "max_tokens": -1}', 400, "max_tokens"),
         (
-            b'{"model": "m", "messages": [{"role": "user"}], "max_tokens": 99999999999}',
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "max_tokens": -1}',
             400,
             "max_tokens",
         ),
-        (b'{"model": "m", "messages": [{"role": "user"}], "n": 17}', 400, "'n'"),
         (
-            b'{"model": "m", "messages": [{"role": "user"}], "tools": [{"type": "function",'
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}'
+            b'], "max_tokens": 99999999999}',
+            400,
+            "max_tokens",
+        ),
+        (b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "n": 17}', 400, "'n'"),
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}'
+            b'], "tools": [{"type": "function",'
             b' "function": {"name": "f", "parameters": {"type": "objekt"}}}]}',
             400,
             "tools[0].function.parameters",
         ),
         (
-            b'{"model": "m", "messages": [{"role": "user"}, {"role": "tool", "content": "x",'
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}'
+            b', {"role": "tool", "content": "x",'
             b' "tool_call_id": "nope"}]}',
             400,
             "messages[1].tool_call_id",
         ),
         (
-            b'{"model": "m", "messages": [{"role": "user"}], "response_format": {"type":'
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}'
+            b'], "response_format": {"type":'
             b' "json_schema", "json_schema": {"name": "x", "schema": {"minLength": -1}}}}',
             400,
             "response_format.json_schema.schema",
         ),
         (
-            b'{"model": "m", "messages": [{"role": "user"}], "stream": true,'
+            b'{"model": "m", "messages": [{"role": "user", "content": "x"}], "stream": true,'
             b' "stream_options": {"include_usage": true, "x": 1}}',
             400,
             "stream_options",
         ),
         (b'{"model": "m", "messages": [{"role": "robot"}]}', 400, "messages[0].role"),
+        (b'{"model": "m", "messages": [{"role": "user"}]}', 400, "messages[0].content"),
         (b"x" * (5 * 1024 * 1024), 413, "larger than"),
     ],
 )
