@@ -33,6 +33,7 @@ from pydantic import (
     ValidationError,
     field_validator,
 )
+from pydantic_core import ErrorDetails
 
 from services.common import limits
 from services.common.errors import InvalidRequest
@@ -301,6 +302,20 @@ _BRANCH_LABELS = frozenset({"str", "int", "float", "bool", "list", "dict", "none
 _FORMAT_TAGS = frozenset({"text", "json_object", "json_schema"})
 
 
+def _first_error(err: ValidationError) -> ErrorDetails:
+    """The error to report: the first field's, and of a union's branches (``stop``: a string
+    or a list) the one whose type the input has — a list of five stops is "at most 4 items",
+    not "should be a valid string" — or a field missing deeper in it. A type mismatch is the
+    least specific thing pydantic says about a value, so it is reported only when nothing
+    more precise is said about that field."""
+    errors = err.errors(include_url=False)
+    field = errors[0]["loc"][:1]
+    for e in errors:
+        if e["loc"][:1] == field and not e["type"].endswith("_type"):
+            return e
+    return errors[0]
+
+
 def _param_path(loc: tuple[int | str, ...]) -> str:
     """``("messages", 0, "content", "str")`` → ``messages[0].content``.
 
@@ -328,7 +343,7 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     try:
         req = ChatCompletionRequest.model_validate(data)
     except ValidationError as err:
-        first = err.errors(include_url=False)[0]
+        first = _first_error(err)
         param = _param_path(tuple(first["loc"]))
         msg = first["msg"]
         if first["type"] == "missing":

@@ -11,7 +11,7 @@ from services.common.errors import InvalidRequest
 from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
 from services.edge.jsonbody import load_object
-from services.edge.openai_types import _param_path
+from services.edge.openai_types import _first_error, _param_path
 from services.edge.request_limits import RequestLimits
 
 M = TypeVar("M", bound=BaseModel)
@@ -48,7 +48,7 @@ def parse_body(body: bytes, model: type[M]) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as err:
-        first = err.errors(include_url=False)[0]
+        first = _first_error(err)
         param = _param_path(tuple(first["loc"]))
         if first["type"] == "missing":
             raise InvalidRequest(f"Missing required parameter: '{param}'.", param=param) from None

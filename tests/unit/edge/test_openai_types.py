@@ -191,3 +191,26 @@ def test_a_message_without_content_is_refused_unless_it_calls_tools(
     calling = {"role": "assistant", "content": None, "tool_calls": [call]}
     answer = {"role": "tool", "tool_call_id": "c1", "content": "done"}
     parse_chat_request(body(messages=[{"role": "user", "content": "hi"}, calling, answer]))
+
+
+@pytest.mark.parametrize(
+    ("over", "param", "fragment"),
+    [
+        ({"stop": ["a", "b", "c", "d", "e"]}, "stop", "at most 4 items"),
+        (
+            {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+            "messages[0].content[0].text",
+            "Missing",
+        ),
+        ({"messages": [{"role": "user", "content": []}]}, "messages[0].content", "at least 1 item"),
+        ({"stop": 5}, "stop", "valid string"),  # no branch takes a number: the type it is
+    ],
+)
+def test_a_union_fields_error_is_the_branch_the_input_matches(
+    over: dict[str, object], param: str, fragment: str
+) -> None:
+    """``stop`` is a string or a list: five stops are "at most 4 items", not "should be a
+    valid string" (the first branch's complaint, which pydantic lists first)."""
+    with pytest.raises(InvalidRequest, match=fragment) as err:
+        parse_chat_request(body(**over))
+    assert err.value.param == param
