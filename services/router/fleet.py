@@ -425,7 +425,7 @@ class Fleet:
             failures.popleft()
         age = self._report_age(rec, now)
         healthy = self._healthy(rec, age)
-        snap = self._build(rec, age, healthy)
+        snap = self._build(rec, age, healthy, now)
         rec.snapshot = snap
         due = now + cfg.snapshot_max_age_s
         if healthy:
@@ -439,8 +439,10 @@ class Fleet:
         heapq.heappush(self._deadlines, (due, next(self._seq), rec))
         return snap
 
-    def _build(self, rec: _Record, age: float, healthy: bool) -> WorkerSnapshot:
+    def _build(self, rec: _Record, age: float, healthy: bool, now: float) -> WorkerSnapshot:
         """``rec``'s row; ``age``: its report's age (:meth:`_report_age`)."""
+        window = self._config.failure_window_s
+        clears = tuple(t + window - now for t in rec.failures) if rec.failures else ()
         if healthy:
             detail = "ok"
         elif not rec.connected:
@@ -460,6 +462,7 @@ class Fleet:
                 loss=loss,
                 in_flight=len(rec.assignments),
                 recent_failures=len(rec.failures),
+                failures_clear_in_s=clears,
             )
         gpus = report.gpus
         return WorkerSnapshot(
@@ -482,6 +485,7 @@ class Fleet:
             gpu_utilization=max(g.utilization for g in gpus) if gpus else None,
             in_flight=len(rec.assignments),
             recent_failures=len(rec.failures),
+            failures_clear_in_s=clears,
             shared=rec.shared,
         )
 

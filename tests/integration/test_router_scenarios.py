@@ -289,3 +289,29 @@ async def test_repeated_long_prompts_land_on_the_same_worker_while_it_is_not_ove
         await client.close()
         await edge.stop()
         await regions.stop()
+
+
+async def test_a_fleet_ejected_for_failures_is_refused_with_the_wait_until_the_first_returns(
+    caller_for: Any,
+) -> None:
+    regions = await start_regions([RegionSpec("kr", 1.0)], config=sim())
+    caller = await caller_for(regions)
+    for _ in range(3):  # the default profile's failure-ejection: max_failures 3
+        resp = await caller.route(follow_up=True)
+        assert isinstance(resp, router_pb2.RouteResponse), resp
+        await caller._router.ReportOutcome(
+            router_pb2.OutcomeReport(
+                decision_id=resp.decision_id,
+                worker_id=resp.candidates[0].worker_id,
+                outcome=router_pb2.OUTCOME_FAILED,
+            ),
+            timeout=5.0,
+        )
+
+    got = await caller.route()
+    assert isinstance(got, Refused), got
+    assert got.code is grpc.StatusCode.UNAVAILABLE, got
+    assert "ejected: 3 recent failures" in got.details
+    # Back once the first failure leaves the fleet's 30 s window, not "retry in a second".
+    assert got.retry_after_ms is not None
+    assert 25_000 <= got.retry_after_ms <= 30_000, got

@@ -24,6 +24,7 @@ An empty decision is classified for the caller (each class maps to one gRPC stat
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 from services.common.capabilities import unmet
@@ -108,7 +109,38 @@ def classify_empty(
     if waits:
         known = [s for s in waits if s is not None]
         return NoCandidate.SATURATED, max(known) if known else None
-    return NoCandidate.UNAVAILABLE, unavailable_retry_after_s
+    return NoCandidate.UNAVAILABLE, _readmission_wait(
+        workers, rejected, filters, unavailable_retry_after_s
+    )
+
+
+def _readmission_wait(
+    workers: Sequence[WorkerSnapshot],
+    rejected: Sequence[Rejection],
+    filters: Sequence[Filter],
+    default_s: float | None,
+) -> float | None:
+    """An UNAVAILABLE decision's retry hint: when the first removed worker passes again by
+    itself, if every filter that removed someone knows (all ejected: the first to leave
+    its failure window), never below ``default_s``; otherwise ``default_s``."""
+    if default_s is None or not rejected:
+        return default_s
+    by_id = {w.worker_id: w for w in workers}
+    removed: dict[str, list[WorkerSnapshot]] = {}
+    for r in rejected:
+        snap = by_id.get(r.worker_id)
+        if snap is not None:
+            removed.setdefault(r.filter, []).append(snap)
+    earliest = math.inf
+    for f in filters:
+        mine = removed.get(f.TYPE)
+        if not mine:
+            continue
+        wait = f.readmits_in_s(mine)
+        if wait is None:
+            return default_s
+        earliest = min(earliest, wait)
+    return max(default_s, earliest) if math.isfinite(earliest) else default_s
 
 
 def _capable_anywhere(query: RouteQuery, workers: Sequence[WorkerSnapshot]) -> bool:

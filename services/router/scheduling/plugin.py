@@ -197,6 +197,14 @@ class Filter(Plugin):
         """How long a client should wait when this filter emptied the decision."""
         return None
 
+    def readmits_in_s(self, rejected: Sequence[WorkerSnapshot]) -> float | None:
+        """When the first of ``rejected`` (workers this filter removed) passes it again by
+        itself, in seconds: ``math.inf`` if time alone never changes the verdict (the
+        request's own constraints), ``None`` if it can change at any moment (health). An
+        UNAVAILABLE decision's Retry-After is the earliest of these, when every filter that
+        removed someone knows (see ``explain.classify_empty``)."""
+        return None
+
 
 class WorkerFilter(Filter, Generic[K]):
     """A filter whose verdict on a worker depends only on that worker and ``key(query)``.

@@ -123,7 +123,10 @@ def test_outcomes_release_in_flight_and_count_failures() -> None:
     snap = only(reg, 1.2)
     assert snap.in_flight == 0
     assert snap.recent_failures == 1
-    assert only(reg, 7.0).recent_failures == 0
+    assert snap.failures_clear_in_s == pytest.approx((4.9,))  # 1.1 + 5 - 1.2
+    later = only(reg, 7.0)
+    assert later.recent_failures == 0
+    assert later.failures_clear_in_s == ()
 
 
 def test_draining_is_visible() -> None:

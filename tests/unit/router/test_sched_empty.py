@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from services.router.scheduling.filters.admission import AdmissionFilter
+from services.router.scheduling.filters.ejection import FailureEjectionFilter
 from services.router.scheduling.filters.exclude import ExcludeFilter
 from services.router.scheduling.framework import WeightedScorer
 from services.router.scheduling.scorers.kv_cache import KvCacheScorer
@@ -26,6 +27,10 @@ from tests.support.builders import profile, q, w
 
 def full(worker_id: str, **kw: Any) -> WorkerSnapshot:
     return w(worker_id, **{"running": 99, "max_running": 100, **kw})
+
+
+def ejected(worker_id: str, *clears_in_s: float) -> WorkerSnapshot:
+    return w(worker_id, recent_failures=len(clears_in_s), failures_clear_in_s=clears_in_s)
 
 
 EMPTY_CASES: list[tuple[str, RouteQuery, list[WorkerSnapshot], NoCandidate, float | None]] = [
@@ -68,6 +73,41 @@ EMPTY_CASES: list[tuple[str, RouteQuery, list[WorkerSnapshot], NoCandidate, floa
     ),
     ("no workers at all", q(), [], NoCandidate.UNAVAILABLE, 1.0),
     (
+        "every worker ejected: back when the first leaves its failure window",
+        q(),
+        [ejected("a", 5.0, 12.0, 20.0), ejected("b", 2.0, 3.0, 9.0, 25.0)],
+        NoCandidate.UNAVAILABLE,
+        3.0,  # b is down to 2 failures (under the limit of 3) once its second leaves
+    ),
+    (
+        "ejected, or tried already",
+        q(exclude_worker_ids=frozenset({"b"})),
+        [ejected("a", 7.0, 8.0, 9.0), w("b")],
+        NoCandidate.UNAVAILABLE,
+        7.0,
+    ),
+    (
+        "ejected, or down (which can end at any moment)",
+        q(),
+        [ejected("a", 7.0, 8.0, 9.0), w("b", healthy=False)],
+        NoCandidate.UNAVAILABLE,
+        1.0,
+    ),
+    (
+        "ejected, back sooner than the default hint",
+        q(),
+        [ejected("a", 0.2, 8.0, 9.0)],
+        NoCandidate.UNAVAILABLE,
+        1.0,
+    ),
+    (
+        "ejected, the failure times unknown",
+        q(),
+        [w("a", recent_failures=3)],
+        NoCandidate.UNAVAILABLE,
+        1.0,
+    ),
+    (
         "no worker has reported its models yet",
         q(),
         [w("a", models=(), healthy=False, health_detail="not connected yet")],
@@ -89,7 +129,11 @@ def test_empty_decisions_are_classified(
 ) -> None:
     s = profile(
         WeightedScorer(KvCacheScorer(), 1),
-        filters=[AdmissionFilter(retry_after_s=2.5), ExcludeFilter()],
+        filters=[
+            AdmissionFilter(retry_after_s=2.5),
+            ExcludeFilter(),
+            FailureEjectionFilter(max_failures=3),
+        ],
     )
     decision = s.schedule(query, rows)
     assert decision.ranked == ()

@@ -16,6 +16,7 @@ Parameters: none. Memoised per (model, needs). Profiles must include this filter
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Self
@@ -47,3 +48,6 @@ class CapabilityFilter(WorkerFilter[tuple[str, Needs]]):
             # name it (services/router/service.py, unsupported_error).
             out.append(None if miss is None else f"{miss.param}: model '{model}' {miss.reason}")
         return out
+
+    def readmits_in_s(self, rejected: Sequence[WorkerSnapshot]) -> float | None:
+        return math.inf  # what the request needs: time alone does not change it

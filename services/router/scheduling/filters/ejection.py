@@ -6,7 +6,9 @@ in the fleet's failure window it is ejected; it comes back by itself once old fa
 leave that window (Envoy's outlier detection, with the window as the ejection time).
 
 Input: ``worker.recent_failures`` (failed outcomes the edge reported within the fleet's
-window). Parameters: ``max_failures`` (integer ≥ 1, default 3). Memoised.
+window). Parameters: ``max_failures`` (integer ≥ 1, default 3). Memoised. When every
+worker is ejected, the 503's Retry-After is when the first one comes back
+(``worker.failures_clear_in_s``), not the profile's default second.
 """
 
 from __future__ import annotations
@@ -43,3 +45,15 @@ class FailureEjectionFilter(WorkerFilter[None]):
             else f"ejected: {w.recent_failures} recent failures (limit {limit})"
             for w in workers
         ]
+
+    def readmits_in_s(self, rejected: Sequence[WorkerSnapshot]) -> float | None:
+        # Back once all but max_failures - 1 of its failures have left the window.
+        limit = self.max_failures
+        times = [
+            w.failures_clear_in_s[len(w.failures_clear_in_s) - limit]
+            for w in rejected
+            if len(w.failures_clear_in_s) >= limit
+        ]
+        if len(times) < len(rejected):
+            return None  # some worker's failure times are unknown
+        return max(0.0, min(times)) if times else None

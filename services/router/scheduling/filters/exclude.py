@@ -10,6 +10,7 @@ so it costs nothing on first attempts. Profiles list it first, before the memois
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Self
@@ -40,3 +41,6 @@ class ExcludeFilter(Filter):
             if w.worker_id in excluded
         ]
         return kept, rejected
+
+    def readmits_in_s(self, rejected: Sequence[WorkerSnapshot]) -> float | None:
+        return math.inf  # this request's tried workers: time alone does not change it

@@ -9,6 +9,7 @@ Profiles must include this filter.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import ClassVar, Self
@@ -36,3 +37,6 @@ class ResidencyFilter(WorkerFilter[frozenset[str]]):
         return [
             None if w.region in key else f"region '{w.region}' not in ({regions})" for w in workers
         ]
+
+    def readmits_in_s(self, rejected: Sequence[WorkerSnapshot]) -> float | None:
+        return math.inf  # the request's residency: time alone does not change it
