@@ -91,11 +91,11 @@ class WorkerSnapshot:
     gpu_utilization: float | None = None  # 0..1, None on hosts without NVML
     in_flight: int = 0
     recent_failures: int = 0
+    shared: bool = True  # (unknown: as a worker that sends no admission lists)
     #: For each of ``recent_failures``, oldest first: seconds until it leaves the fleet's
     #: failure window, as of the snapshot (at most the fleet's ``snapshot_max_age_s``, 1 s by
     #: default, stale); empty where nobody keeps the times. What a 503 after ejection says to wait.
     failures_clear_in_s: tuple[float, ...] = ()
-    shared: bool = True  # (unknown: as a worker that sends no admission lists)
 
     def model(self, name: str) -> ModelStatus | None:
         for m in self.models:
