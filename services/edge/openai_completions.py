@@ -11,15 +11,21 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
 
 from services.common import limits
 from services.common.errors import InvalidRequest
-from services.edge.openai_types import ModelName, Penalty, Probability, StreamOptions, Text
+from services.edge.openai_types import (
+    VALID_UNICODE,
+    ModelName,
+    Penalty,
+    Probability,
+    StreamOptions,
+)
 
 TokenId = Annotated[StrictInt, Field(ge=0, le=limits.MAX_TOKEN_ID)]
 TokenIds = Annotated[list[TokenId], Field(max_length=limits.MAX_PROMPT_TOKEN_IDS)]
-PromptText = Annotated[Text, Field(max_length=limits.MAX_CONTENT_CHARS)]
+PromptText = Annotated[StrictStr, Field(max_length=limits.MAX_CONTENT_CHARS), VALID_UNICODE]
 
 #: One prompt or input as the client may write it.
 Prompt = PromptText | TokenIds
@@ -79,9 +85,13 @@ class CompletionRequest(BaseModel):
     n: Annotated[StrictInt, Field(ge=1, le=1)] | None = None
     best_of: Annotated[StrictInt, Field(ge=1, le=1)] | None = None
     stop: (
-        Annotated[Text, Field(min_length=1, max_length=limits.MAX_STOP_LENGTH)]
+        Annotated[StrictStr, Field(min_length=1, max_length=limits.MAX_STOP_LENGTH), VALID_UNICODE]
         | Annotated[
-            list[Annotated[Text, Field(min_length=1, max_length=limits.MAX_STOP_LENGTH)]],
+            list[
+                Annotated[
+                    StrictStr, Field(min_length=1, max_length=limits.MAX_STOP_LENGTH), VALID_UNICODE
+                ]
+            ],
             Field(max_length=limits.MAX_STOP_SEQUENCES),
         ]
         | None
@@ -91,8 +101,10 @@ class CompletionRequest(BaseModel):
     frequency_penalty: Penalty | None = None
     logprobs: Annotated[StrictInt, Field(ge=0, le=limits.MAX_TOP_LOGPROBS)] | None = None
     echo: StrictBool = False
-    suffix: Annotated[Text, Field(max_length=limits.MAX_CONTENT_CHARS)] | None = None
-    user: Annotated[Text, Field(max_length=256)] | None = None
+    suffix: (
+        Annotated[StrictStr, Field(max_length=limits.MAX_CONTENT_CHARS), VALID_UNICODE] | None
+    ) = None
+    user: Annotated[StrictStr, Field(max_length=256), VALID_UNICODE] | None = None
     ignore_eos: StrictBool = False
 
     @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", mode="before")
@@ -124,7 +136,7 @@ class EmbeddingRequest(BaseModel):
     input: Any
     encoding_format: Literal["float", "base64"] = "float"
     dimensions: Annotated[StrictInt, Field(ge=1, le=65536)] | None = None
-    user: Annotated[Text, Field(max_length=256)] | None = None
+    user: Annotated[StrictStr, Field(max_length=256), VALID_UNICODE] | None = None
 
 
 def checked_inputs(

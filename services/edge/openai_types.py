@@ -51,7 +51,11 @@ def _valid_unicode(value: str) -> str:
     return value
 
 
-Text = Annotated[StrictStr, AfterValidator(_valid_unicode)]
+VALID_UNICODE = AfterValidator(_valid_unicode)
+#: A string without lone surrogates. A length limit goes *before* the validator, as in
+#: ``Annotated[StrictStr, Field(max_length=n), VALID_UNICODE]``: after it, pydantic's message
+#: becomes "at most n items" instead of "at most n characters".
+Text = Annotated[StrictStr, VALID_UNICODE]
 
 # An API key pasted into ``model`` (arguments swapped: a common slip) would travel on to the
 # router and into its logs as the "unknown model" it asked for. Meridian's keys and the
@@ -69,14 +73,17 @@ def _not_a_key(value: str) -> str:
 
 
 ModelName = Annotated[
-    Text, Field(min_length=1, max_length=limits.MAX_MODEL_NAME_CHARS), AfterValidator(_not_a_key)
+    StrictStr,
+    Field(min_length=1, max_length=limits.MAX_MODEL_NAME_CHARS),
+    VALID_UNICODE,
+    AfterValidator(_not_a_key),
 ]
 
 
 class ContentPart(BaseModel):
     model_config = ConfigDict(extra="ignore")
     type: Literal["text"]
-    text: Annotated[Text, Field(max_length=limits.MAX_CONTENT_CHARS)]
+    text: Annotated[StrictStr, Field(max_length=limits.MAX_CONTENT_CHARS), VALID_UNICODE]
 
 
 FunctionName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
@@ -91,14 +98,14 @@ HARD_MAX_N = limits.MAX_CHOICES  # what the parser accepts; RequestLimits.max_ch
 class ToolCallFunctionIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
     name: FunctionName
-    arguments: Annotated[Text, Field(max_length=limits.MAX_CONTENT_CHARS)] = ""
+    arguments: Annotated[StrictStr, Field(max_length=limits.MAX_CONTENT_CHARS), VALID_UNICODE] = ""
 
 
 class ToolCallIn(BaseModel):
     """A call in an assistant message of the history."""
 
     model_config = ConfigDict(extra="ignore")
-    id: Annotated[Text, Field(min_length=1, max_length=MAX_CALL_ID_CHARS)]
+    id: Annotated[StrictStr, Field(min_length=1, max_length=MAX_CALL_ID_CHARS), VALID_UNICODE]
     type: Literal["function"] = "function"
     function: ToolCallFunctionIn
 
@@ -107,13 +114,16 @@ class ChatMessageIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
     role: Role
     content: (
-        Annotated[Text, Field(max_length=limits.MAX_CONTENT_CHARS)]
+        Annotated[StrictStr, Field(max_length=limits.MAX_CONTENT_CHARS), VALID_UNICODE]
         | Annotated[list[ContentPart], Field(min_length=1, max_length=64)]
         | None
     ) = None
-    name: Annotated[Text, Field(max_length=64)] | None = None
+    name: Annotated[StrictStr, Field(max_length=64), VALID_UNICODE] | None = None
     tool_calls: Annotated[list[ToolCallIn], Field(max_length=MAX_TOOL_CALLS)] | None = None
-    tool_call_id: Annotated[Text, Field(min_length=1, max_length=MAX_CALL_ID_CHARS)] | None = None
+    tool_call_id: (
+        Annotated[StrictStr, Field(min_length=1, max_length=MAX_CALL_ID_CHARS), VALID_UNICODE]
+        | None
+    ) = None
 
     def text(self) -> str:
         if self.content is None:
@@ -126,7 +136,7 @@ class ChatMessageIn(BaseModel):
 class FunctionIn(BaseModel):
     model_config = ConfigDict(extra="ignore")
     name: FunctionName
-    description: Annotated[Text, Field(max_length=8192)] | None = None
+    description: Annotated[StrictStr, Field(max_length=8192), VALID_UNICODE] | None = None
     parameters: dict[str, Any] | None = None
     strict: StrictBool | None = None
 
@@ -151,7 +161,7 @@ class NamedToolChoice(BaseModel):
 class JsonSchemaSpec(BaseModel):
     model_config = ConfigDict(extra="ignore", populate_by_name=True)
     name: FunctionName
-    description: Annotated[Text, Field(max_length=8192)] | None = None
+    description: Annotated[StrictStr, Field(max_length=8192), VALID_UNICODE] | None = None
     schema_: dict[str, Any] | None = Field(default=None, alias="schema")
     strict: StrictBool | None = None
 
@@ -205,9 +215,13 @@ class ChatCompletionRequest(BaseModel):
     top_p: Probability | None = None
     n: Annotated[StrictInt, Field(ge=1, le=HARD_MAX_N)] | None = None
     stop: (
-        Annotated[Text, Field(min_length=1, max_length=limits.MAX_STOP_LENGTH)]
+        Annotated[StrictStr, Field(min_length=1, max_length=limits.MAX_STOP_LENGTH), VALID_UNICODE]
         | Annotated[
-            list[Annotated[Text, Field(min_length=1, max_length=limits.MAX_STOP_LENGTH)]],
+            list[
+                Annotated[
+                    StrictStr, Field(min_length=1, max_length=limits.MAX_STOP_LENGTH), VALID_UNICODE
+                ]
+            ],
             Field(max_length=limits.MAX_STOP_SEQUENCES),
         ]
         | None
@@ -217,7 +231,7 @@ class ChatCompletionRequest(BaseModel):
     frequency_penalty: Penalty | None = None
     logprobs: StrictBool | None = None
     top_logprobs: Annotated[StrictInt, Field(ge=0, le=limits.MAX_TOP_LOGPROBS)] | None = None
-    user: Annotated[Text, Field(max_length=256)] | None = None
+    user: Annotated[StrictStr, Field(max_length=256), VALID_UNICODE] | None = None
     tools: Annotated[list[ToolIn], Field(max_length=MAX_TOOLS)] | None = None
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: StrictBool | None = None

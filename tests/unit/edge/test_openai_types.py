@@ -214,3 +214,27 @@ def test_a_union_fields_error_is_the_branch_the_input_matches(
     with pytest.raises(InvalidRequest, match=fragment) as err:
         parse_chat_request(body(**over))
     assert err.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("over", "param", "limit"),
+    [
+        ({"model": "m" * 300}, "model", "at most 256 characters"),
+        ({"user": "u" * 300}, "user", "at most 256 characters"),
+        ({"stop": "s" * 300}, "stop", "at most 256 characters"),
+        (
+            {"messages": [{"role": "user", "content": "hi", "name": "n" * 65}]},
+            "messages[0].name",
+            "at most 64 characters",
+        ),
+    ],
+    ids=["model", "user", "stop", "name"],
+)
+def test_a_string_over_its_limit_is_counted_in_characters(
+    over: dict[str, object], param: str, limit: str
+) -> None:
+    with pytest.raises(InvalidRequest) as exc:
+        parse_chat_request(body(**over))
+    assert exc.value.param == param
+    assert limit in exc.value.message
+    assert "items" not in exc.value.message
