@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from services.common.errors import AuthenticationFailed, InvalidRequest
 from services.common.httpapp import hide_version_banner
 from services.edge.counters import EdgeCounters
-from services.edge.middleware.error_boundary import error_boundary
+from services.edge.middleware.error_boundary import error_boundary, expect_handler
 from services.edge.request_body import content_coding, decode_body
 from services.edge.tenancy.apikeys import KeyRecord
 from services.edge.tenancy.directory import MAX_GRACE_S, Directory
@@ -194,15 +194,15 @@ def build_admin_app(deps: AdminDeps) -> web.Application:
     )
     app[ADMIN] = deps
     r = app.router
-    r.add_get("/admin/stats", stats)
-    r.add_get("/admin/tenants", list_tenants)
-    r.add_post("/admin/tenants", create_tenant)
-    r.add_get("/admin/tenants/{tenant}", get_tenant)
-    r.add_patch("/admin/tenants/{tenant}", update_tenant)
-    r.add_delete("/admin/tenants/{tenant}", delete_tenant)
-    r.add_get("/admin/tenants/{tenant}/keys", list_keys)
-    r.add_post("/admin/tenants/{tenant}/keys", create_key)
-    r.add_get("/admin/keys/{key_id}", get_key)
-    r.add_post("/admin/keys/{key_id}/rotate", rotate_key)
-    r.add_delete("/admin/keys/{key_id}", revoke_key)
+    r.add_get("/admin/stats", stats, expect_handler=expect_handler)
+    r.add_get("/admin/tenants", list_tenants, expect_handler=expect_handler)
+    r.add_post("/admin/tenants", create_tenant, expect_handler=expect_handler)
+    r.add_get("/admin/tenants/{tenant}", get_tenant, expect_handler=expect_handler)
+    r.add_patch("/admin/tenants/{tenant}", update_tenant, expect_handler=expect_handler)
+    r.add_delete("/admin/tenants/{tenant}", delete_tenant, expect_handler=expect_handler)
+    r.add_get("/admin/tenants/{tenant}/keys", list_keys, expect_handler=expect_handler)
+    r.add_post("/admin/tenants/{tenant}/keys", create_key, expect_handler=expect_handler)
+    r.add_get("/admin/keys/{key_id}", get_key, expect_handler=expect_handler)
+    r.add_post("/admin/keys/{key_id}/rotate", rotate_key, expect_handler=expect_handler)
+    r.add_delete("/admin/keys/{key_id}", revoke_key, expect_handler=expect_handler)
     return app

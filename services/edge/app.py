@@ -24,7 +24,7 @@ from services.edge.dialects.chat import CHAT as CHAT_DIALECT
 from services.edge.dialects.completions import COMPLETIONS as COMPLETIONS_DIALECT
 from services.edge.dialects.embeddings import EMBEDDINGS as EMBEDDINGS_DIALECT
 from services.edge.guard import GuardConfig, IpBuckets, Lifecycle, Occupancy
-from services.edge.middleware.error_boundary import RESPONSE_HEADERS, error_boundary
+from services.edge.middleware.error_boundary import RESPONSE_HEADERS, error_boundary, expect_handler
 from services.edge.middleware.ip_guard import ip_guard
 from services.edge.middleware.telemetry import TRACE_ID, telemetry_middleware
 from services.edge.migration.policy import MigrationPolicy
@@ -271,13 +271,15 @@ def build_app(deps: EdgeDeps, web_state: WebState | None = None) -> web.Applicat
     app[CHAT] = build_chat_pipeline(deps)
     app[COMPLETIONS] = build_completions_pipeline(deps)
     app[EMBEDDINGS] = build_embeddings_pipeline(deps)
-    app.router.add_post("/v1/chat/completions", chat_completions)
-    app.router.add_post("/v1/completions", completions)
-    app.router.add_post("/v1/embeddings", embeddings)
-    app.router.add_get("/v1/models", list_models)
-    app.router.add_get("/v1/models/{model:.+}", retrieve_model)  # ids may hold a "/"
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
+    app.router.add_post("/v1/chat/completions", chat_completions, expect_handler=expect_handler)
+    app.router.add_post("/v1/completions", completions, expect_handler=expect_handler)
+    app.router.add_post("/v1/embeddings", embeddings, expect_handler=expect_handler)
+    app.router.add_get("/v1/models", list_models, expect_handler=expect_handler)
+    app.router.add_get(
+        "/v1/models/{model:.+}", retrieve_model, expect_handler=expect_handler
+    )  # ids may hold a "/"
+    app.router.add_get("/healthz", healthz, expect_handler=expect_handler)
+    app.router.add_get("/readyz", readyz, expect_handler=expect_handler)
     if web_state is not None:
         add_web_routes(app, web_state)
     return app

@@ -158,3 +158,46 @@ async def test_counters_are_on_the_admin_port(strict: RunningEdge, stack: Stack)
         stats = await resp.json()
     assert stats["counters"]["auth_invalid"] == 1
     assert stats["counters"]["connections_accepted"] >= 1
+
+
+async def test_an_unknown_expectation_is_417_in_openais_format(
+    strict: RunningEdge, stack: Stack
+) -> None:
+    """aiohttp answers ``Expect`` before any middleware, in plain text by default."""
+    body = json.dumps({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]})
+    for url in (f"{strict.url}/v1/chat/completions", f"{strict.admin_url}/admin/tenants"):
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                url,
+                headers={
+                    "Authorization": f"Bearer {stack.key}",
+                    "Content-Type": "application/json",
+                    "Expect": "x-teapot",
+                },
+                data=body,
+            ) as resp,
+        ):
+            assert resp.status == 417, url
+            error = (await resp.json())["error"]
+        assert error["param"] == "Expect"
+        assert "x-teapot" in error["message"]
+
+
+async def test_expect_100_continue_still_gets_its_answer(stack: Stack) -> None:
+    port = int(stack.edge.url.rsplit(":", 1)[1])
+    body = json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    ).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {stack.key}\r\nContent-Length: {len(body)}\r\n".encode()
+        + b"Expect: 100-continue\r\n\r\n"
+    )
+    interim = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
+    assert interim.startswith(b"HTTP/1.1 100 Continue")
+    writer.write(body)
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 200"), head

@@ -10,7 +10,8 @@ from __future__ import annotations
 import logging
 import math
 
-from aiohttp import web
+from aiohttp import hdrs, web
+from aiohttp.http import HttpVersion11
 from aiohttp.typedefs import Handler
 
 from services.common.errors import (
@@ -32,6 +33,28 @@ def error_response(err: MeridianError, headers: dict[str, str] | None = None) ->
         out["Retry-After"] = str(max(1, math.ceil(err.retry_after_s)))
         out["retry-after-ms"] = str(max(1, math.ceil(err.retry_after_s * 1000)))
     return web.json_response(err.to_openai(), status=err.http_status, headers=out)
+
+
+async def expect_handler(request: web.Request) -> web.StreamResponse | None:
+    """aiohttp's handling of ``Expect`` (it runs before any middleware), with its 417 in
+    OpenAI's format: ``100-continue`` is answered, any other expectation refused."""
+    expect = request.headers.get(hdrs.EXPECT, "")
+    if request.version != HttpVersion11:
+        return None
+    if expect.lower() == "100-continue":
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the body's response has not started
+        return None
+    shown = expect if len(expect) <= 64 and expect.isprintable() else f"{expect[:64]!r}…"
+    resp = error_response(
+        InvalidRequest(
+            f"Unsupported Expect header {shown!r}: only '100-continue' is understood",
+            param="Expect",
+            code="expectation_failed",
+        )
+    )
+    resp.set_status(417)
+    return resp
 
 
 @web.middleware

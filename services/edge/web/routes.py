@@ -26,6 +26,7 @@ from services.common import metric_names as mn
 from services.common.errors import InvalidRequest, NotFound, PayloadTooLarge, Unavailable
 from services.common.logs import event
 from services.edge.counters import EdgeCounters
+from services.edge.middleware.error_boundary import expect_handler
 from services.edge.tenancy.auth import Authenticator
 from services.edge.upstream.router_client import RouterClient
 from services.edge.web.assets import CACHE_PRIVATE, CACHE_REVALIDATE, CACHE_VERSIONED, AssetStore
@@ -103,16 +104,19 @@ WEB = web.AppKey("web", WebState)
 
 def add_web_routes(app: web.Application, state: WebState) -> None:
     app[WEB] = state
-    app.router.add_get("/", chat_page)
-    app.router.add_get("/static/{name:[A-Za-z0-9_./-]+}", static_file)
+    app.router.add_get("/", chat_page, expect_handler=expect_handler)
+    app.router.add_get(
+        "/static/{name:[A-Za-z0-9_./-]+}", static_file, expect_handler=expect_handler
+    )
     app.router.add_get(
         "/v1/explanations/{request_id}",
         explanation_handler(auth=state.auth, router=state.router),
+        expect_handler=expect_handler,
     )
-    app.router.add_get("/console", console_page)
-    app.router.add_post("/console/session", console_login)
-    app.router.add_post("/console/logout", console_logout)
-    app.router.add_get("/console/events", console_events)
+    app.router.add_get("/console", console_page, expect_handler=expect_handler)
+    app.router.add_post("/console/session", console_login, expect_handler=expect_handler)
+    app.router.add_post("/console/logout", console_logout, expect_handler=expect_handler)
+    app.router.add_get("/console/events", console_events, expect_handler=expect_handler)
 
 
 async def chat_page(request: web.Request) -> web.Response:
