@@ -5,6 +5,7 @@ reading — and the counters on the admin port."""
 from __future__ import annotations
 
 import asyncio
+import io
 import json
 import socket
 from collections.abc import AsyncIterator
@@ -201,3 +202,45 @@ async def test_expect_100_continue_still_gets_its_answer(stack: Stack) -> None:
     head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
     writer.close()
     assert head.startswith(b"HTTP/1.1 200"), head
+
+
+async def test_a_request_too_big_for_a_worker_once_encoded_is_413_and_harms_no_one(
+    stack: Stack,
+) -> None:
+    """0.9 MB of JSON under the body limit, 5 MB as a protobuf Struct: sent, it broke the
+    GenerateMux call every stream to that worker shares, on every worker it was retried on,
+    and ejected them all for failures."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "f",
+            "parameters": {"type": "object", "properties": {"a": {"enum": [0] * 450_000}}},
+        },
+    }
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [tool]}
+    raw = json.dumps(body, separators=(",", ":")).encode()
+    for _ in range(4):  # more than failure-ejection's 3: nothing may count against a worker
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                f"{stack.edge.url}/v1/chat/completions",
+                headers={
+                    "Authorization": f"Bearer {stack.key}",
+                    "Content-Type": "application/json",
+                },
+                data=io.BytesIO(raw),
+            ) as resp,
+        ):
+            status, error = resp.status, (await resp.json())["error"]
+        assert status == 413
+        assert error["param"] == "tools[0].function.parameters"
+        assert "once encoded for a worker" in str(error["message"])
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{stack.edge.url}/v1/chat/completions",
+            headers={"Authorization": f"Bearer {stack.key}"},
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2},
+        ) as resp,
+    ):
+        assert resp.status == 200

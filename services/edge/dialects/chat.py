@@ -3,14 +3,23 @@
 from __future__ import annotations
 
 from meridian.v1 import router_pb2
+from services.common import grpcutil
 from services.common.capabilities import Needs
-from services.common.errors import InvalidRequest
+from services.common.errors import InvalidRequest, PayloadTooLarge
 from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
 from services.edge.dialects.base import base_route_request
 from services.edge.openai_types import ChatCompletionRequest, parse_chat_request
 from services.edge.prompt import estimate_prompt_tokens, prefix_hashes
 from services.edge.request_limits import RequestLimits
+
+#: What a Generate request may take of one gRPC message: the rest is for the MuxOpen around
+#: it (ids, metadata). A bigger one would break the GenerateMux call every stream to that
+#: worker shares (and then the next worker's, on retry).
+MAX_GENERATE_BYTES = grpcutil.MAX_MESSAGE_BYTES - 64 * 1024
+#: Bodies up to this size cannot encode past it: a JSON byte grows at most ~5.5× as a
+#: protobuf Struct (``0,`` → an 11-byte Value), so only bigger bodies are encoded to check.
+_CHECK_ENCODED_ABOVE_BYTES = grpcutil.MAX_MESSAGE_BYTES // 8
 
 
 def chat_needs(body: ChatCompletionRequest) -> Needs:
@@ -62,6 +71,8 @@ class ChatDialect:
             )
         ctx.body = body
         ctx.prompt_tokens_estimate = estimate_prompt_tokens(body)
+        if len(raw) > _CHECK_ENCODED_ABOVE_BYTES:
+            _check_encoded_size(ctx, counters)
         return body.model
 
     def completion_budget(self, ctx: ChatContext) -> int | None:
@@ -85,3 +96,25 @@ class ChatDialect:
 
 
 CHAT = ChatDialect()
+
+
+def _check_encoded_size(ctx: ChatContext, counters: EdgeCounters) -> None:
+    """A 413 naming the largest part when the request, as a worker receives it, would not
+    fit in one gRPC message (a tool's ``enum`` of 600,000 zeros is 1.2 MB of JSON and
+    6.6 MB of Struct)."""
+    from services.edge.upstream.protos import generate_request
+
+    req = generate_request(ctx, request_id="size-check", decision_id="")
+    size = req.ByteSize()
+    if size <= MAX_GENERATE_BYTES:
+        return
+    counters.invalid_requests += 1
+    parts = {"messages": sum(m.ByteSize() for m in req.messages)}
+    parts.update({f"tools[{i}].function.parameters": t.ByteSize() for i, t in enumerate(req.tools)})
+    parts["response_format"] = req.response_format.ByteSize()
+    param = max(parts, key=lambda k: parts[k])
+    raise PayloadTooLarge(
+        f"The request is {size:,} bytes once encoded for a worker (at most "
+        f"{MAX_GENERATE_BYTES:,}); '{param}' takes {parts[param]:,} of them.",
+        param=param,
+    )
