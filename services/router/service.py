@@ -169,6 +169,11 @@ def error_for(decision: Decision, query: RouteQuery) -> MeridianError:
     )
 
 
+#: Decisions whose failed outcomes still count (about a minute at 1,000 decisions a second;
+#: ~8 MiB): a stream that fails later than that does not count towards its worker's ejection.
+MAX_REMEMBERED_DECISIONS = 65_536
+
+
 class LogThrottle:
     """At most one log line per key per ``interval_s``; says how many were left out."""
 
@@ -210,6 +215,10 @@ class RouterService(router_pb2_grpc.RouterServicer):
         # across replicas without a uuid per call (the fleet tells its own from the prefix).
         self._id_prefix = fleet.id_prefix
         self._ids = itertools.count(1)
+        #: This router's recent decisions and the workers each one offered: a failed outcome
+        #: counts against a worker only if it names one of them, once (an outcome naming a
+        #: decision nobody made could otherwise eject the whole fleet).
+        self._offered: dict[str, tuple[str, ...]] = {}
         # Under overload every decision of a tier can be empty: one log line per second per
         # (reason, tier), with the count of the ones left out (the journal counts them all).
         self._empty_log = LogThrottle(interval_s=1.0)
@@ -355,6 +364,10 @@ class RouterService(router_pb2_grpc.RouterServicer):
         decision_id = f"{self._id_prefix}{next(self._ids):x}"
         winner = decision.ranked[0]
         self._fleet.assign(winner.worker.worker_id, decision_id, now)
+        offered = self._offered
+        offered[decision_id] = tuple(c.worker.worker_id for c in decision.ranked)
+        if len(offered) > MAX_REMEMBERED_DECISIONS:
+            del offered[next(iter(offered))]  # the oldest (dicts keep insertion order)
         elapsed_us = (time.perf_counter_ns() - started) / 1000
         self.telemetry.record(decision, elapsed_us, span)
         span.set_attribute("meridian.decision_id", decision_id)
@@ -404,6 +417,13 @@ class RouterService(router_pb2_grpc.RouterServicer):
     def _outcome(self, report: router_pb2.OutcomeReport, now: float) -> None:
         """An attempt ended: release its in-flight slot; a failure counts towards ejection."""
         failed = report.outcome == router_pb2.OUTCOME_FAILED
+        if failed:
+            offered = self._offered.get(report.decision_id, ())
+            failed = report.worker_id in offered
+            if failed:  # one failure per worker and decision
+                self._offered[report.decision_id] = tuple(
+                    w for w in offered if w != report.worker_id
+                )
         self._fleet.on_outcome(report.worker_id, report.decision_id, failed, now)
 
     async def ListModels(

@@ -315,3 +315,28 @@ async def test_a_fleet_ejected_for_failures_is_refused_with_the_wait_until_the_f
     # Back once the first failure leaves the fleet's 30 s window, not "retry in a second".
     assert got.retry_after_ms is not None
     assert 25_000 <= got.retry_after_ms <= 30_000, got
+
+
+async def test_failed_outcomes_count_only_for_decisions_this_router_made(caller_for: Any) -> None:
+    """An outcome naming a decision nobody made, or the same failure twice, ejects no one."""
+    regions = await start_regions([RegionSpec("kr", 1.0)], config=sim())
+    caller = await caller_for(regions)
+    resp = await caller.route(follow_up=True)
+    assert isinstance(resp, router_pb2.RouteResponse), resp
+    worker = resp.candidates[0].worker_id
+    fakes = [
+        router_pb2.OutcomeReport(
+            decision_id=f"made-up-{i}", worker_id=worker, outcome=router_pb2.OUTCOME_FAILED
+        )
+        for i in range(10)
+    ]
+    repeated = [
+        router_pb2.OutcomeReport(
+            decision_id=resp.decision_id, worker_id=worker, outcome=router_pb2.OUTCOME_FAILED
+        )
+    ] * 5
+    await caller._router.ReportOutcomes(
+        router_pb2.OutcomeBatch(reports=[*fakes, *repeated]), timeout=5.0
+    )
+    assert regions.view()[worker].recent_failures == 1
+    assert isinstance(await caller.route(), router_pb2.RouteResponse)
