@@ -36,6 +36,12 @@ log = logging.getLogger("meridian.worker.mux")
 
 #: Chunks in flight per stream when the edge's open message names none.
 DEFAULT_WINDOW = 256
+#: The most chunks a stream may have in flight, whatever its open message or credits ask:
+#: with it and ``MAX_STREAMS_PER_CALL``, what a call that never reads can queue is bounded.
+MAX_WINDOW = 1024
+#: Streams open on one call at most; another open is refused (RESOURCE_EXHAUSTED) for that
+#: stream alone.
+MAX_STREAMS_PER_CALL = 4096
 #: Events in one frame at most (a frame stays far below the 4 MiB message limit).
 MAX_EVENTS_PER_FRAME = 512
 
@@ -52,6 +58,11 @@ class StreamAborted(Exception):
         self.code = code
         self.details = details
         self.trailers = trailers
+
+
+class MuxProtocolError(Exception):
+    """The caller broke the protocol (a stream id opened twice): the call ends with
+    INVALID_ARGUMENT, since no answer under that id could be told from the live stream's."""
 
 
 class StreamContext:
@@ -81,7 +92,7 @@ class _Stream:
         self.task: asyncio.Task[None] | None = None
 
     def grant(self, n: int) -> None:
-        self.credit += n
+        self.credit = min(self.credit + n, MAX_WINDOW)
         if self.credit > 0:
             self.has_credit.set()
 
@@ -109,11 +120,14 @@ class MuxSession:
 
     async def serve(self, requests: AsyncIterator[worker_pb2.MuxRequest]) -> None:
         writer = asyncio.create_task(self._write_frames())
+        broken: MuxProtocolError | None = None
         try:
             async for request in requests:
                 self._apply(request)
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass  # the edge went away: its streams end with the call
+        except MuxProtocolError as err:
+            broken = err
         finally:
             self._closed = True
             tasks = [s.task for s in self._streams.values() if s.task is not None]
@@ -124,19 +138,25 @@ class MuxSession:
             with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
                 await writer
             event(log, "mux.closed", frames=self.frames, events=self.events)
+        if broken is not None:
+            await self._context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(broken))
 
     def _apply(self, request: worker_pb2.MuxRequest) -> None:
         op = request.WhichOneof("op")
         if op == "open":
             if request.stream_id in self._streams:
+                raise MuxProtocolError(
+                    f"stream_id {request.stream_id} is already open on this call"
+                )
+            if len(self._streams) >= MAX_STREAMS_PER_CALL:
                 self._emit_end(
                     request.stream_id,
-                    grpc.StatusCode.INVALID_ARGUMENT,
-                    f"stream_id {request.stream_id} is already open on this call",
+                    grpc.StatusCode.RESOURCE_EXHAUSTED,
+                    f"at most {MAX_STREAMS_PER_CALL} streams may be open on one call",
                     {},
                 )
                 return
-            stream = _Stream(request.open.window or DEFAULT_WINDOW)
+            stream = _Stream(min(request.open.window or DEFAULT_WINDOW, MAX_WINDOW))
             self._streams[request.stream_id] = stream
             stream.task = asyncio.create_task(self._run(request.stream_id, request.open, stream))
         elif op == "cancel":

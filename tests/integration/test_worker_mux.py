@@ -223,3 +223,75 @@ async def test_a_worker_without_generate_mux_is_used_over_generate(
     finally:
         await server.stop(None)
         await engine.shutdown()
+
+
+async def _raw_mux(
+    address: str, messages: list[worker_pb2.MuxRequest], *, idle_s: float = 2.0
+) -> tuple[list[worker_pb2.MuxEvent], grpc.aio.Call]:
+    """A GenerateMux call as a client other than the edge makes it: ``messages``, then read
+    frames until the call ends or none comes for ``idle_s``."""
+    from meridian.v1 import worker_pb2_grpc
+
+    channel = grpc.aio.insecure_channel(address)
+    queue: asyncio.Queue[worker_pb2.MuxRequest | None] = asyncio.Queue()
+    for m in messages:
+        queue.put_nowait(m)
+
+    async def requests() -> AsyncIterator[worker_pb2.MuxRequest]:
+        while (m := await queue.get()) is not None:
+            yield m
+
+    call = worker_pb2_grpc.WorkerStub(channel).GenerateMux(requests(), timeout=20.0)
+    events: list[worker_pb2.MuxEvent] = []
+    try:
+        while True:
+            try:
+                frame = await asyncio.wait_for(call.read(), idle_s)
+            except TimeoutError:
+                break
+            if frame is grpc.aio.EOF:
+                break
+            events.extend(frame.events)
+    except grpc.aio.AioRpcError:
+        pass
+    finally:
+        queue.put_nowait(None)
+    await channel.close()
+    return events, call
+
+
+def _open(stream_id: int, i: int, *, window: int = 0) -> worker_pb2.MuxRequest:
+    return worker_pb2.MuxRequest(
+        stream_id=stream_id, open=worker_pb2.MuxOpen(request=request(i), window=window)
+    )
+
+
+async def test_a_stream_id_opened_twice_ends_the_call_as_invalid_argument(
+    worker: RunningWorker,
+) -> None:
+    """An end under a live stream's id could not be told from that stream's own end."""
+    events, call = await _raw_mux(worker.address, [_open(7, 1), _open(7, 2)])
+    assert await call.code() is grpc.StatusCode.INVALID_ARGUMENT
+    assert "already open" in (await call.details() or "")
+    assert not any(e.HasField("end") and e.stream_id == 7 and e.end.code for e in events)
+
+
+async def test_a_window_asked_beyond_the_cap_is_held_to_it(worker: RunningWorker) -> None:
+    from services.worker.mux import MAX_WINDOW
+
+    tokens = MAX_WINDOW + 200
+    events, call = await _raw_mux(
+        worker.address,
+        [
+            worker_pb2.MuxRequest(
+                stream_id=1,
+                open=worker_pb2.MuxOpen(request=request(1, tokens=tokens), window=2**32 - 1),
+            )
+        ],
+    )
+    chunks = [e for e in events if e.HasField("chunk")]
+    # No credit is ever sent: the stream stops at the cap's chunks, unfinished.
+    assert 0 < len(chunks) <= MAX_WINDOW
+    assert sum(len(e.chunk.token_ids) for e in chunks) < tokens
+    assert not any(e.HasField("end") for e in events)
+    call.cancel()
