@@ -76,6 +76,10 @@ MAX_LIST_ITEMS = 64
 
 
 MAX_OUTCOMES_PER_BATCH = 4096
+#: Ids and names a Route request carries (tenant, session, site, regions, workers): they are
+#: kept in affinity tables and the journal, and echoed in errors (a 1 MB region name made
+#: the answer's metadata too large for gRPC).
+MAX_NAME_CHARS = 256
 
 _EMPTY_CONTEXT = Context()
 _NO_NAMES: frozenset[str] = frozenset()
@@ -108,10 +112,22 @@ def query_from_pb(pb: router_pb2.RouteRequest) -> RouteQuery:
         raise InvalidRequest(
             f"at most {MAX_PREFIX_HASHES} prefix hashes are accepted", param="prefix_hashes"
         )
+    for name, value in (
+        ("tenant_id", pb.tenant_id),
+        ("session_id", pb.session_id),
+        ("edge_site", pb.edge_site),
+        ("client_region", pb.client_region),
+    ):
+        if len(value) > MAX_NAME_CHARS:
+            raise InvalidRequest(f"{name} is longer than {MAX_NAME_CHARS} characters", param=name)
     regions, excluded = pb.allowed_regions, pb.exclude_worker_ids
     for name, items in (("allowed_regions", regions), ("exclude_worker_ids", excluded)):
         if len(items) > MAX_LIST_ITEMS:
             raise InvalidRequest(f"at most {MAX_LIST_ITEMS} {name} are accepted", param=name)
+        if any(len(item) > MAX_NAME_CHARS for item in items):
+            raise InvalidRequest(
+                f"every {name} item must be at most {MAX_NAME_CHARS} characters", param=name
+            )
     # Most requests name no regions and exclude no one: the empty sets are shared.
     return RouteQuery(
         request_id=pb.request_id,
