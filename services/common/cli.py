@@ -4,6 +4,8 @@ message everywhere (argparse turns ArgumentTypeError into "argument --port: …"
 from __future__ import annotations
 
 import argparse
+import os
+from pathlib import Path
 
 from services.common.net import parse_address
 
@@ -21,3 +23,17 @@ def address(value: str) -> str:
         return parse_address(value)
     except ValueError as err:
         raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def output_file(value: str) -> Path:
+    """A file the process will write (``--ready-file``): its directory must exist and be
+    writable now, not found missing after the service is already listening."""
+    path = Path(value)
+    parent = path.parent
+    if not value or path.is_dir():
+        raise argparse.ArgumentTypeError(f"{value!r} is a directory, not a file")
+    if not parent.is_dir():
+        raise argparse.ArgumentTypeError(f"directory {str(parent)!r} does not exist")
+    if not os.access(parent, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(f"directory {str(parent)!r} is not writable")
+    return path

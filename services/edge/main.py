@@ -85,7 +85,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=cli.port, default=8080)
-    p.add_argument("--ready-file", type=Path)
+    p.add_argument("--ready-file", type=cli.output_file)
     p.add_argument("--redis-url", type=_redis_url, required=True)
     p.add_argument("--router", type=cli.address, required=True, metavar="HOST:PORT")
     p.add_argument("--site", default="local")

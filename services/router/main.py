@@ -59,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--site", default="local", help="this replica's edge site name")
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=cli.port, default=0)
-    p.add_argument("--ready-file", type=Path)
+    p.add_argument("--ready-file", type=cli.output_file)
     p.add_argument("--profile", type=Path, default=DEFAULT_PROFILE, help="scheduling profile YAML")
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
 

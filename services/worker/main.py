@@ -70,7 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--port", type=cli.port, default=0, help="0 picks a free port (see --ready-file)"
     )
-    p.add_argument("--ready-file", type=Path, help="write {'port': N} here once listening")
+    p.add_argument(
+        "--ready-file", type=cli.output_file, help="write {'port': N} here once listening"
+    )
     p.add_argument("--report-interval-ms", type=_positive_float, default=100.0)
     p.add_argument(
         "--early-report-load",
