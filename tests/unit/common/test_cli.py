@@ -17,8 +17,8 @@ def test_an_output_file_in_an_existing_directory_is_accepted(tmp_path: Path) -> 
 @pytest.mark.parametrize(
     ("where", "problem"),
     [
-        ("missing/ready.json", "does not exist"),
-        ("file/ready.json", "does not exist"),  # the "directory" is a file
+        ("missing/ready.json", "is not an existing directory"),
+        ("file/ready.json", "is not an existing directory"),  # a file
         (".", "is a directory"),
     ],
 )
