@@ -25,6 +25,7 @@ import jsonschema_rs
 from pydantic import (
     AfterValidator,
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
@@ -42,19 +43,22 @@ from services.edge.jsonbody import load_object
 Role = Literal["system", "developer", "user", "assistant", "tool"]
 
 
-def _valid_unicode(value: str) -> str:
+def _valid_unicode(value: object) -> object:
     # JSON escapes can smuggle lone surrogates ("\ud800") that no UTF-8 encoder accepts.
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("contains an invalid Unicode escape (lone surrogate)") from None
+    # Before the string's own checks: a length limit fails on such a string with a vaguer
+    # message, and a type mismatch is left to them.
+    if isinstance(value, str):
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError("contains an invalid Unicode escape (lone surrogate)") from None
     return value
 
 
-VALID_UNICODE = AfterValidator(_valid_unicode)
-#: A string without lone surrogates. A length limit goes *before* the validator, as in
-#: ``Annotated[StrictStr, Field(max_length=n), VALID_UNICODE]``: after it, pydantic's message
-#: becomes "at most n items" instead of "at most n characters".
+VALID_UNICODE = BeforeValidator(_valid_unicode)
+#: A string without lone surrogates. A length limit goes beside it, as in
+#: ``Annotated[StrictStr, Field(max_length=n), VALID_UNICODE]``: on an alias that already holds
+#: a validator, pydantic's message becomes "at most n items" instead of "n characters".
 Text = Annotated[StrictStr, VALID_UNICODE]
 
 # An API key pasted into ``model`` (arguments swapped: a common slip) would travel on to the
