@@ -26,6 +26,17 @@ def _constant(literal: str) -> float:
     raise _NotJson(literal, "is not JSON (NaN and infinities are not numbers in JSON)")
 
 
+#: Digits an integer literal may have (Python refuses to convert more than 4,300; no field
+#: needs more than 20).
+MAX_INT_DIGITS = 100
+
+
+def _bounded_int(literal: str) -> int:
+    if len(literal) > MAX_INT_DIGITS:
+        raise _NotJson(literal, f"has more than {MAX_INT_DIGITS} digits")
+    return int(literal)
+
+
 def _finite(literal: str) -> float:
     value = float(literal)
     if not math.isfinite(value):
@@ -40,7 +51,9 @@ def load_object(body: bytes) -> dict[str, Any]:
     except UnicodeDecodeError as err:
         raise InvalidRequest(f"request body is not valid UTF-8 (byte {err.start})") from None
     try:
-        data: Any = json.loads(text, parse_constant=_constant, parse_float=_finite)
+        data: Any = json.loads(
+            text, parse_constant=_constant, parse_float=_finite, parse_int=_bounded_int
+        )
     except json.JSONDecodeError as err:
         raise InvalidRequest(
             f"We could not parse the JSON body of your request: {err.msg} at line {err.lineno} "

@@ -505,7 +505,7 @@ def check_features(req: ChatCompletionRequest) -> None:
             )
         _check_schema(fmt.json_schema.schema_, "response_format.json_schema.schema")
     for key, bias in (req.logit_bias or {}).items():
-        if not key.isdigit() or int(key) >= 2**32:
+        if not (key.isascii() and key.isdigit()) or int(key) >= 2**32:
             raise InvalidRequest(
                 f"logit_bias keys must be token ids (non-negative integers), got {key!r}",
                 param="logit_bias",

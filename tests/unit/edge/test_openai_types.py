@@ -238,3 +238,31 @@ def test_a_string_over_its_limit_is_counted_in_characters(
     assert exc.value.param == param
     assert limit in exc.value.message
     assert "items" not in exc.value.message
+
+
+@pytest.mark.parametrize(
+    ("raw", "param"),
+    [
+        (
+            b'{"model": "m", "messages": [{"role": "user", "content": "hi"}], "x": '
+            + b"9" * 5000
+            + b"}",
+            None,
+        ),
+        (
+            body(logit_bias={"\u00b2": 1}),
+            "logit_bias",
+        ),
+        (
+            body(logit_bias={"\u0661\u0662": 1}),
+            "logit_bias",
+        ),
+    ],
+    ids=["5000-digit integer", "superscript two", "arabic-indic digits"],
+)
+def test_numbers_python_reads_oddly_are_400s(raw: bytes, param: str | None) -> None:
+    """A 5,000-digit integer (Python converts at most 4,300) and a token id in non-ASCII
+    digits were 500s with a traceback."""
+    with pytest.raises(InvalidRequest) as exc:
+        parse_chat_request(raw)
+    assert exc.value.param == param
