@@ -299,14 +299,7 @@ async def test_a_fleet_ejected_for_failures_is_refused_with_the_wait_until_the_f
     for _ in range(3):  # the default profile's failure-ejection: max_failures 3
         resp = await caller.route(follow_up=True)
         assert isinstance(resp, router_pb2.RouteResponse), resp
-        await caller._router.ReportOutcome(
-            router_pb2.OutcomeReport(
-                decision_id=resp.decision_id,
-                worker_id=resp.candidates[0].worker_id,
-                outcome=router_pb2.OUTCOME_FAILED,
-            ),
-            timeout=5.0,
-        )
+        await caller.report(resp, router_pb2.OUTCOME_FAILED)
 
     got = await caller.route()
     assert isinstance(got, Refused), got
@@ -335,8 +328,6 @@ async def test_failed_outcomes_count_only_for_decisions_this_router_made(caller_
             decision_id=resp.decision_id, worker_id=worker, outcome=router_pb2.OUTCOME_FAILED
         )
     ] * 5
-    await caller._router.ReportOutcomes(
-        router_pb2.OutcomeBatch(reports=[*fakes, *repeated]), timeout=5.0
-    )
+    await caller.report_batch([*fakes, *repeated])
     assert regions.view()[worker].recent_failures == 1
     assert isinstance(await caller.route(), router_pb2.RouteResponse)

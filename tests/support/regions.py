@@ -190,15 +190,22 @@ class RouterCaller:
         except grpc.aio.AioRpcError as err:
             return refused(err)
         if not follow_up:
-            await self._router.ReportOutcome(
-                router_pb2.OutcomeReport(
-                    decision_id=resp.decision_id,
-                    worker_id=resp.candidates[0].worker_id,
-                    outcome=router_pb2.OUTCOME_CANCELLED,
-                ),
-                timeout=5.0,
-            )
+            await self.report(resp, router_pb2.OUTCOME_CANCELLED)
         return resp
+
+    async def report(self, resp: router_pb2.RouteResponse, outcome: router_pb2.Outcome) -> None:
+        """Tell the router how the attempt on ``resp``'s primary candidate ended."""
+        await self._router.ReportOutcome(
+            router_pb2.OutcomeReport(
+                decision_id=resp.decision_id,
+                worker_id=resp.candidates[0].worker_id,
+                outcome=outcome,
+            ),
+            timeout=5.0,
+        )
+
+    async def report_batch(self, reports: list[router_pb2.OutcomeReport]) -> None:
+        await self._router.ReportOutcomes(router_pb2.OutcomeBatch(reports=reports), timeout=5.0)
 
     async def ask(
         self,
