@@ -21,7 +21,7 @@ def parse_address(value: str) -> str:
             ipaddress.IPv6Address(host[1:-1])
         except ValueError:
             raise ValueError(f"{value!r}: invalid IPv6 address") from None
-    elif not _HOST_RE.match(host):
+    elif not _HOST_RE.fullmatch(host):
         raise ValueError(f"{value!r}: invalid host name")
     return f"{host}:{int(port)}"
 

@@ -82,7 +82,9 @@ def token_digest(token: str) -> bytes:
 @web.middleware
 async def admin_auth(request: web.Request, handler: Handler) -> web.StreamResponse:
     scheme, _, given = request.headers.get("Authorization", "").partition(" ")
-    given_sha = hashlib.sha256(given.strip().encode()).digest()
+    # aiohttp decodes header bytes that are not UTF-8 as lone surrogates; surrogateescape
+    # gives the bytes back, so such a header is a wrong token (401), never a 500.
+    given_sha = hashlib.sha256(given.strip().encode("utf-8", "surrogateescape")).digest()
     expected = request.app[ADMIN].token_sha256
     if not (hmac.compare_digest(given_sha, expected) and scheme.lower() == "bearer"):
         raise AuthenticationFailed("a valid admin token is required", code="invalid_admin_token")

@@ -121,7 +121,7 @@ def parse_stack_config(data: Any) -> StackConfig:
             raise StackConfigError(f"{key}: unknown key (expected one of {sorted(known)})")
     site = root.get("site", "local")
     model = root.get("model", "meridian-sim")
-    if not isinstance(site, str) or not _NAME_RE.match(site):
+    if not isinstance(site, str) or not _NAME_RE.fullmatch(site):
         raise StackConfigError("site: must be a short lowercase name")
     if not isinstance(model, str) or not model:
         raise StackConfigError("model: must be a non-empty string")
@@ -131,7 +131,7 @@ def parse_stack_config(data: Any) -> StackConfig:
     regions = []
     for name, spec_raw in regions_raw.items():
         where = f"regions.{name}"
-        if not isinstance(name, str) or not _NAME_RE.match(name):
+        if not isinstance(name, str) or not _NAME_RE.fullmatch(name):
             raise StackConfigError(f"{where}: region names are short lowercase names")
         spec = _mapping(spec_raw, where)
         for key in spec:

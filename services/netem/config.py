@@ -94,7 +94,7 @@ class Route:
     link: LinkProfile = field(default_factory=LinkProfile)
 
     def __post_init__(self) -> None:
-        if not _NAME_RE.match(self.name):
+        if not _NAME_RE.fullmatch(self.name):
             raise InvalidRequest(
                 f"route name must match {_NAME_RE.pattern}, got {self.name!r}", param="name"
             )
@@ -140,7 +140,7 @@ def parse_route(text: str) -> Route:
             f"delay_ms=MS[,...], got {text!r}",
             param="route",
         )
-    if not _NAME_RE.match(name):
+    if not _NAME_RE.fullmatch(name):
         raise InvalidRequest(
             f"route.name must match {_NAME_RE.pattern}, got {name!r}", param="route.name"
         )

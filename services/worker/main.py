@@ -30,7 +30,7 @@ _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 
 
 def _identifier(value: str) -> str:
-    if not _ID_RE.match(value):
+    if not _ID_RE.fullmatch(value):
         raise argparse.ArgumentTypeError(
             f"{value!r} must be 1-64 characters of letters, digits, '.', '_' or '-'"
         )

@@ -349,3 +349,48 @@ async def test_an_explanation_belongs_to_the_tenant_that_made_the_request(stack:
         )
         assert malformed.status == 400
         assert (await malformed.json())["error"]["param"] == "request_id"
+
+
+async def raw_request(url: str, head: bytes) -> bytes:
+    """The status line and headers the edge answers to ``head`` sent as raw bytes (aiohttp's
+    client will not send header bytes that are not UTF-8)."""
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(head)
+        return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
+    finally:
+        writer.close()
+
+
+async def test_a_sign_in_form_with_extra_fields_is_denied_not_a_500(stack: Stack) -> None:
+    async with browserlike() as http:
+        resp = await http.post(
+            f"{stack.edge.url}/console/session",
+            data=f"token={TEST_ADMIN_TOKEN}&a=1&b=2&c=3&d=4&e=5",
+            headers=FORM,
+            allow_redirects=False,
+        )
+        assert resp.status == 303
+        assert resp.headers["Location"] == "/console?denied=1"
+
+
+async def test_a_console_cookie_that_is_not_utf8_is_no_session_not_a_500(stack: Stack) -> None:
+    for path in (b"/console", b"/console/events"):
+        head = await raw_request(
+            stack.edge.url,
+            b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nCookie: meridian_console=\xff\xfe\xc3\r\n"
+            b"Connection: close\r\n\r\n",
+        )
+        assert head.startswith(b"HTTP/1.1 401"), head
+
+
+async def test_an_explanation_id_with_a_trailing_newline_is_400(stack: Stack) -> None:
+    async with browserlike() as http:
+        request_id = await chat(stack, http)
+        resp = await http.get(
+            f"{stack.edge.url}/v1/explanations/{request_id}%0A",
+            headers={"Authorization": f"Bearer {stack.key}"},
+        )
+        assert resp.status == 400
+        assert (await resp.json())["error"]["param"] == "request_id"

@@ -88,7 +88,7 @@ MAX_SESSION_ID = 128
 def session_id(request: web.Request) -> str:
     """``x-session-id`` (its first 128 characters), if it is printable ASCII; else 400."""
     value = request.headers.get("x-session-id", "")[:MAX_SESSION_ID]
-    if not _SESSION_RE.match(value):
+    if not _SESSION_RE.fullmatch(value):
         raise InvalidRequest(
             "x-session-id must be printable ASCII", param="x-session-id", code="invalid_header"
         )

@@ -37,7 +37,7 @@ def new_raw_key() -> str:
 
 
 def looks_like_key(raw: str) -> bool:
-    return bool(_KEY_RE.match(raw))
+    return bool(_KEY_RE.fullmatch(raw))
 
 
 def new_pepper() -> str:

@@ -34,7 +34,7 @@ MAX_STREAMS = 1_000_000
 
 
 def valid_tenant_id(value: str) -> bool:
-    return bool(_TENANT_RE.match(value))
+    return bool(_TENANT_RE.fullmatch(value))
 
 
 class Tier(StrEnum):
@@ -120,6 +120,12 @@ class TenantPatch(BaseModel):
         return value
 
     def apply(self, tenant: Tenant) -> Tenant:
-        changes = self.model_dump(exclude_unset=True)
-        merged = tenant.model_dump() | changes
+        """The tenant with this patch's fields changed; a limits object is merged limit by
+        limit (``{"limits": {"tpm": 500}}`` keeps the tenant's rpm and max_streams)."""
+        merged = tenant.model_dump()
+        for name, change in self.model_dump(exclude_unset=True).items():
+            if isinstance(change, dict):  # exclude_unset holds: only the limits it names
+                merged[name] = merged[name] | change
+            else:
+                merged[name] = change
         return Tenant.model_validate(merged, strict=False)

@@ -85,7 +85,7 @@ def explanation_handler(*, auth: Authenticator, router: RouterClient) -> Handler
     async def explanation(request: web.Request) -> web.Response:
         principal = await auth.from_request(request)
         request_id = request.match_info["request_id"]
-        if not REQUEST_ID.match(request_id):
+        if not REQUEST_ID.fullmatch(request_id):
             raise InvalidRequest(
                 "request_id must be the x-request-id of a chat completion (chatcmpl-…)",
                 param="request_id",

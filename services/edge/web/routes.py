@@ -167,7 +167,10 @@ async def _form_token(request: web.Request, timeout_s: float) -> str:
         body = await request.content.read(_MAX_LOGIN_BODY + 1)
     if len(body) > _MAX_LOGIN_BODY:
         raise PayloadTooLarge("the sign-in form is too large")
-    fields = urllib.parse.parse_qs(body.decode("utf-8", "replace"), max_num_fields=4)
+    try:
+        fields = urllib.parse.parse_qs(body.decode("utf-8", "replace"), max_num_fields=4)
+    except ValueError:  # more than max_num_fields: a form the console never sends
+        raise InvalidRequest("the form needs one field named token", param="token") from None
     tokens = fields.get("token", [])
     if len(tokens) != 1 or not tokens[0].strip():
         raise InvalidRequest("the form needs one field named token", param="token")

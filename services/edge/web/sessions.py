@@ -116,7 +116,7 @@ class ConsoleSessions:
         self._failures = LoginFailures(per_minute=login_failures_per_minute, clock=clock)
 
     def token_ok(self, token: str) -> bool:
-        digest = hashlib.sha256(token.encode()).digest()
+        digest = hashlib.sha256(token.encode("utf-8", "surrogateescape")).digest()
         return hmac.compare_digest(digest, self._token_sha256)
 
     async def login(self, request: web.Request, token: str) -> tuple[str, Session] | None:
@@ -191,7 +191,8 @@ def _redis_errors() -> Iterator[None]:
 
 
 def _digest(sid: str) -> str:
-    return hashlib.sha256(sid.encode()).hexdigest()
+    # A cookie's bytes that are not UTF-8 arrive as lone surrogates: hash the bytes back.
+    return hashlib.sha256(sid.encode("utf-8", "surrogateescape")).hexdigest()
 
 
 def same_origin(request: web.Request) -> bool:

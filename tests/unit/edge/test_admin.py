@@ -65,6 +65,22 @@ async def test_the_admin_api_needs_the_admin_token(
     assert body["error"]["code"] == "invalid_admin_token"
 
 
+async def test_an_authorization_header_that_is_not_utf8_is_401_not_a_500(
+    edge: RunningEdge,
+) -> None:
+    host, port = edge.admin_url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    writer.write(
+        b"GET /admin/tenants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\xc3abcdef\r\n"
+        b"Connection: close\r\n\r\n"
+    )
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
+    body = await asyncio.wait_for(reader.read(), 10.0)
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 401"), head
+    assert json.loads(body)["error"]["code"] == "invalid_admin_token"
+
+
 async def test_the_admin_api_is_not_on_the_public_port(edge: RunningEdge) -> None:
     async with (
         aiohttp.ClientSession() as http,

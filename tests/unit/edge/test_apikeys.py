@@ -24,7 +24,15 @@ def test_new_keys_have_the_meridian_format_and_are_distinct() -> None:
 
 @pytest.mark.parametrize(
     "raw",
-    ["", "mk-", "sk-" + "a" * 43, "mk-" + "a" * 42, "mk-" + "a" * 44, "mk-" + "a" * 42 + "!"],
+    [
+        "",
+        "mk-",
+        "sk-" + "a" * 43,
+        "mk-" + "a" * 42,
+        "mk-" + "a" * 44,
+        "mk-" + "a" * 42 + "!",
+        "mk-" + "a" * 43 + "\n",
+    ],
 )
 def test_keys_in_another_format_are_recognised_without_a_lookup(raw: str) -> None:
     assert not looks_like_key(raw)

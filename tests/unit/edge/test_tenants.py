@@ -64,9 +64,29 @@ def test_a_patch_changes_only_the_fields_it_names() -> None:
     assert (patched.tier, patched.disabled, patched.limits) == (Tier.HIGH, True, Limits(rpm=5))
 
 
+def test_a_patch_of_one_limit_keeps_the_others() -> None:
+    tenant = Tenant(
+        tenant_id="acme",
+        limits=Limits(rpm=5, tpm=1000, max_streams=2),
+        key_limits=Limits(rpm=3),
+    )
+    patched = TenantPatch.model_validate_json(b'{"limits": {"tpm": 500}}').apply(tenant)
+    assert patched.limits == Limits(rpm=5, tpm=500, max_streams=2)
+    assert patched.key_limits == Limits(rpm=3)
+    lifted = TenantPatch.model_validate_json(b'{"limits": {"rpm": null}}').apply(tenant)
+    assert lifted.limits == Limits(rpm=None, tpm=1000, max_streams=2)
+
+
 @pytest.mark.parametrize(
     ("value", "ok"),
-    [("acme", True), ("a.b_c-1", True), ("-acme", False), ("", False), ("a" * 65, False)],
+    [
+        ("acme", True),
+        ("a.b_c-1", True),
+        ("-acme", False),
+        ("", False),
+        ("a" * 65, False),
+        ("acme\n", False),
+    ],
 )
 def test_tenant_ids_are_short_plain_names(value: str, ok: bool) -> None:
     assert valid_tenant_id(value) is ok
