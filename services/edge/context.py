@@ -38,6 +38,8 @@ class ChatContext:
     prompt_tokens_estimate: int = 0  # set by validate
     session_id: str = ""  # set by validate (x-session-id)
     lease: Lease | None = None  # set by admit
+    # set by admit: max_tokens for each choice of a request that set none, under a tpm limit
+    completion_cap: int | None = None
     route: RouteResult | None = None  # set by route: the first ranking
     reroute: Reroute | None = None  # set by route: a new ranking, excluding some workers
     # Tokens really used so far (prompt + completion, from the worker's cumulative usage);

@@ -21,11 +21,12 @@ import redis.asyncio as aioredis
 
 from services.edge.openai_types import parse_chat_request
 from services.edge.prompt import estimate_prompt_tokens
+from services.edge.ratelimit.limiter import RateLimitConfig
 from services.edge.ratelimit.redis_backend import RedisBackend
 from services.edge.ratelimit.types import Ask, Verdict
 from services.edge.tenancy.tenants import Limits
 from tests.integration.conftest import MODEL, Stack
-from tests.support.builders import TEST_ADMIN_TOKEN
+from tests.support.builders import TEST_ADMIN_TOKEN, edge_config
 from tests.support.inproc import RunningEdge, start_edge
 from tests.support.wait import eventually
 
@@ -255,3 +256,39 @@ async def test_min_tokens_without_max_tokens_is_reserved_and_refused_as_too_larg
         assert "Limit 2000, Requested 80" in refused.body["error"]["message"]
     assert small.status == 200, small.body  # the default budget (1024) still fits
     assert stack.edge.counters.rate_limited_too_large == 2
+
+
+async def test_without_max_tokens_a_token_limited_request_generates_no_more_than_it_reserved(
+    stack: Stack, redis_url: str
+) -> None:
+    """Without max_tokens, the reservation is the default completion budget; a worker left to
+    itself generates up to the model's context, many times that, and the tenant's tokens per
+    minute were overspent several times over. Under a tpm, the default is the max_tokens the
+    worker is sent; a key without a token limit still generates freely."""
+    edge = await start_edge(
+        redis_url=redis_url,
+        router_address=stack.router.address,
+        config=edge_config(ratelimit=RateLimitConfig(default_completion_tokens=4)),
+    )
+    try:
+        limited = await edge.new_key("tpm-default", limits=Limits(tpm=100_000))
+        free = await edge.new_key("no-tpm", limits=Limits(rpm=1000))
+        async with aiohttp.ClientSession() as http:
+            chat = await post(http, edge, limited)
+            plain = await post(http, edge, free)
+            async with http.post(
+                f"{edge.url}/v1/completions",
+                headers={"Authorization": f"Bearer {limited}"},
+                json={"model": MODEL, "prompt": ["one", "two"], "max_tokens": None},
+            ) as resp:
+                completions = Answer(resp.status, dict(resp.headers), await resp.json())
+        assert chat.status == 200, chat.body
+        assert chat.body["usage"]["completion_tokens"] == 4
+        assert chat.body["choices"][0]["finish_reason"] == "length"
+        assert plain.status == 200, plain.body
+        assert plain.body["usage"]["completion_tokens"] > 4  # the sim writes 8..24 tokens
+        assert completions.status == 200, completions.body
+        assert completions.body["usage"]["completion_tokens"] == 8  # 4 for each prompt
+        assert all(c["finish_reason"] == "length" for c in completions.body["choices"])
+    finally:
+        await edge.stop()

@@ -32,7 +32,11 @@ class Dialect(Protocol):
         ...
 
     def completion_budget(self, ctx: ChatContext) -> int | None:
-        """Tokens to reserve beyond the prompt; None: the limiter's default."""
+        """Tokens one choice may generate (its max_tokens); None: not set by the client."""
+        ...
+
+    def choices(self, ctx: ChatContext) -> int:
+        """How many completions the request generates (chat's ``n``, one per prompt)."""
         ...
 
     def route_request(

@@ -79,6 +79,10 @@ class ChatDialect:
         assert ctx.body is not None
         return ctx.body.effective_max_tokens()
 
+    def choices(self, ctx: ChatContext) -> int:
+        assert ctx.body is not None
+        return ctx.body.choices()
+
     def route_request(
         self, ctx: ChatContext, *, site: str, exclude: tuple[str, ...] = ()
     ) -> router_pb2.RouteRequest:
@@ -89,7 +93,7 @@ class ChatDialect:
             model=body.model,
             site=site,
             exclude=exclude,
-            max_tokens=(body.effective_max_tokens() or 0) * body.choices(),
+            max_tokens=(body.effective_max_tokens() or ctx.completion_cap or 0) * body.choices(),
             prefix_hashes=prefix_hashes(body),
             needs=chat_needs(body).to_pb(),
         )

@@ -59,11 +59,12 @@ class CompletionsDialect:
         return body.model
 
     def completion_budget(self, ctx: ChatContext) -> int | None:
-        """Every prompt is a choice: its max_tokens are reserved once per prompt."""
         assert ctx.completion is not None
-        if ctx.completion.max_tokens is None:
-            return None
-        return ctx.completion.max_tokens * max(1, len(ctx.prompts))
+        return ctx.completion.max_tokens
+
+    def choices(self, ctx: ChatContext) -> int:
+        """Every prompt is a choice: its max_tokens are reserved once per prompt."""
+        return max(1, len(ctx.prompts))
 
     def route_request(
         self, ctx: ChatContext, *, site: str, exclude: tuple[str, ...] = ()
@@ -76,7 +77,7 @@ class CompletionsDialect:
             model=body.model,
             site=site,
             exclude=exclude,
-            max_tokens=body.max_tokens or 0,
+            max_tokens=body.max_tokens or ctx.completion_cap or 0,
             prefix_hashes=text_prefix_hashes(first) if isinstance(first, str) else [],
             needs=completion_needs(body).to_pb(),
         )

@@ -42,6 +42,9 @@ class EmbeddingsDialect:
     def completion_budget(self, ctx: ChatContext) -> int | None:
         return 0
 
+    def choices(self, ctx: ChatContext) -> int:
+        return 1
+
     def route_request(
         self, ctx: ChatContext, *, site: str, exclude: tuple[str, ...] = ()
     ) -> router_pb2.RouteRequest:

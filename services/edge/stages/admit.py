@@ -5,8 +5,12 @@ Reservation = the prompt's token estimate + the endpoint's completion budget (ch
 completions: ``max_tokens`` / ``max_completion_tokens``, or, if neither is set, the configured
 ``default_completion_tokens`` — but at least chat's ``min_tokens``, which the worker will
 generate whatever the default says; embeddings: nothing, they decode no tokens), times the
-choices asked (chat's ``n``). It is taken before routing, so a burst of concurrent requests
-cannot overrun a token limit: each one must fit *with* every reservation still in flight.
+choices asked (chat's ``n``, one per completions prompt). Under a token limit (a tpm on the
+key or the tenant), a request that sets no max_tokens is sent to the worker with the default
+as its max_tokens: it may not generate more than it reserved (finish_reason "length").
+
+It is taken before routing, so a burst of concurrent requests cannot overrun a token limit:
+each one must fit *with* every reservation still in flight.
 When the response is over (completed, failed, or the client went away and the worker call was
 cancelled), the reservation is replaced by the tokens the worker really reported
 (``ctx.tokens_used``, kept current by the stream stage) and the stream slot is freed."""
@@ -34,6 +38,10 @@ def scopes_for(principal: Principal) -> tuple[Scope, ...]:
     )
 
 
+def _has_token_limit(principal: Principal) -> bool:
+    return principal.key_limits.tpm is not None or principal.tenant.limits.tpm is not None
+
+
 class Admit:
     name = "admit"
 
@@ -46,14 +54,17 @@ class Admit:
         completion = self._dialect.completion_budget(ctx)
         if completion is None:
             completion = self._limiter.config.default_completion_tokens
-            # Nothing caps generation at the default budget, and min_tokens (a vLLM
-            # extension) makes the worker generate at least that many: reserve them, so a
-            # request over the tpm is refused as too large, as the same max_tokens would be.
-            # (With max_tokens set, min_tokens is validated to be at most that.)
+            # min_tokens (a vLLM extension) makes the worker generate at least that many:
+            # reserve them, so a request over the tpm is refused as too large, as the same
+            # max_tokens would be. (With max_tokens set, min_tokens is at most that.)
             if ctx.body is not None and ctx.body.min_tokens is not None:
                 completion = max(completion, ctx.body.min_tokens)
-        if ctx.body is not None:
-            completion *= ctx.body.choices()  # every choice may use max_tokens
+            if _has_token_limit(ctx.principal):
+                # What is reserved is what may be generated: without this cap a choice runs
+                # to the model's context (8k, 128k tokens) on a reservation of the default,
+                # and a tenant spends its tokens-per-minute many times over.
+                ctx.completion_cap = completion
+        completion *= self._dialect.choices(ctx)  # every choice may use max_tokens
         ask = Ask(
             ctx.request_id, ctx.prompt_tokens_estimate + completion, scopes_for(ctx.principal)
         )

@@ -57,7 +57,7 @@ def generate_request(
         if m.tool_call_id:
             msg.tool_call_id = m.tool_call_id
     s = req.sampling
-    _add_common_sampling(body, s, max_tokens=body.effective_max_tokens())
+    _add_common_sampling(body, s, max_tokens=body.effective_max_tokens() or ctx.completion_cap)
     s.logprobs = bool(body.logprobs)
     s.top_logprobs = body.top_logprobs or 0
     s.ignore_eos = body.ignore_eos
@@ -83,7 +83,7 @@ def completion_request(
     else:
         req.raw_prompt.token_ids.extend(prompt)
     s = req.sampling
-    _add_common_sampling(body, s, max_tokens=body.max_tokens)
+    _add_common_sampling(body, s, max_tokens=body.max_tokens or ctx.completion_cap)
     s.logprobs = body.logprobs is not None
     s.top_logprobs = body.logprobs or 0
     s.ignore_eos = body.ignore_eos
