@@ -15,6 +15,7 @@ from services.edge.openai_types import ChatCompletionRequest
 from services.edge.upstream.router_client import RouteResult
 
 if TYPE_CHECKING:
+    from meridian.v1 import worker_pb2
     from services.edge.ratelimit.limiter import Lease
     from services.edge.tenancy.auth import Principal
 
@@ -37,6 +38,9 @@ class ChatContext:
     prompts: list[str | list[int]] = field(default_factory=list)
     prompt_tokens_estimate: int = 0  # set by validate
     session_id: str = ""  # set by validate (x-session-id)
+    # set by validate for a large chat request: its messages, tools and response format as
+    # a worker receives them, built once (upstream/protos.chat_payload)
+    chat_payload: worker_pb2.GenerateRequest | None = None
     lease: Lease | None = None  # set by admit
     # set by admit: max_tokens for each choice of a request that set none, under a tpm limit
     completion_cap: int | None = None

@@ -97,3 +97,10 @@ class EdgeCounters:
 
     def snapshot(self) -> dict[str, int]:
         return asdict(self)
+
+    def add(self, other: EdgeCounters) -> None:
+        """Count what ``other`` counted (work done off the event loop counts into its own
+        object, added back on the loop, so no count is lost to a race)."""
+        for name in self.__slots__:
+            if value := getattr(other, name):
+                setattr(self, name, getattr(self, name) + value)

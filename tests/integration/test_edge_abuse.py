@@ -8,6 +8,7 @@ import asyncio
 import io
 import json
 import socket
+import threading
 from collections.abc import AsyncIterator
 
 import aiohttp
@@ -244,3 +245,68 @@ async def test_a_request_too_big_for_a_worker_once_encoded_is_413_and_harms_no_o
         ) as resp,
     ):
         assert resp.status == 200
+
+
+async def test_a_body_declared_over_the_limit_is_413_before_it_is_read(stack: Stack) -> None:
+    """Content-Length over the body limit is refused at once: reading up to the limit first
+    held such a request (the client sends little) until the body timeout."""
+    port = int(stack.edge.url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {stack.key}\r\nContent-Length: 50000000\r\n\r\n".encode()
+        + b'{"model": '
+    )
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
+    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
+    error = json.loads(await asyncio.wait_for(reader.readexactly(length), 5.0))["error"]
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 413"), head
+    assert "request body is larger than" in error["message"]
+
+
+async def test_a_large_request_is_parsed_off_the_event_loop_and_served(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A body of ~800 KB of tool schemas takes the parse thread, not the event loop (there,
+    a few megabytes stalled every other stream of the process for a second), and reaches the
+    worker from its prebuilt payload."""
+    from services.edge.dialects.chat import ChatDialect
+
+    threads: list[str] = []
+    accept = ChatDialect.accept
+
+    def spy(self: ChatDialect, *args: object, **kwargs: object) -> str:
+        threads.append(threading.current_thread().name)
+        return accept(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(ChatDialect, "accept", spy)
+    properties = {f"p{i}": {"type": "string", "description": "x"} for i in range(20_000)}
+    tool = {
+        "type": "function",
+        "function": {"name": "f", "parameters": {"type": "object", "properties": properties}},
+    }
+    big = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "tools": [tool]}
+    small = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    assert len(json.dumps(big)) > 600_000
+    invalid = {**big, "n": 0}
+    before = stack.edge.counters.invalid_requests
+    answers = []
+    for body in (big, small, invalid):
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                f"{stack.edge.url}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {stack.key}"},
+                json=body,
+            ) as resp,
+        ):
+            answers.append((resp.status, await resp.json()))
+    # The worker counted the tools into the prompt (its own check: the edge's estimate does
+    # not count them), so they reached it; "hi" alone fits.
+    assert answers[0][0] == 400, answers[0]
+    assert answers[0][1]["error"]["code"] == "context_length_exceeded"
+    assert answers[1][0] == 200, answers[1]
+    assert (answers[2][0], answers[2][1]["error"]["param"]) == (400, "n")
+    assert stack.edge.counters.invalid_requests == before + 1  # counted in the thread, kept
+    assert [t.startswith("edge-parse") for t in threads] == [True, False, True]

@@ -105,12 +105,16 @@ CHAT = ChatDialect()
 def _check_encoded_size(ctx: ChatContext, counters: EdgeCounters) -> None:
     """A 413 naming the largest part when the request, as a worker receives it, would not
     fit in one gRPC message (a tool's ``enum`` of 600,000 zeros is 1.2 MB of JSON and
-    6.6 MB of Struct)."""
-    from services.edge.upstream.protos import generate_request
+    6.6 MB of Struct). The encoded content is kept for the attempts (``ctx.chat_payload``):
+    encoding it again for each would cost as much again, on the event loop."""
+    from services.edge.upstream.protos import chat_payload
 
-    req = generate_request(ctx, request_id="size-check", decision_id="")
+    assert ctx.body is not None
+    req = chat_payload(ctx.body)
+    # The per-attempt fields (ids, sampling) are small: the margin in MAX_GENERATE_BYTES.
     size = req.ByteSize()
     if size <= MAX_GENERATE_BYTES:
+        ctx.chat_payload = req
         return
     counters.invalid_requests += 1
     parts = {"messages": sum(m.ByteSize() for m in req.messages)}

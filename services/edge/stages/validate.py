@@ -7,7 +7,9 @@ estimate, session id)."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import re
+from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
@@ -22,6 +24,15 @@ from services.edge.request_body import content_coding, decode_body
 from services.edge.request_limits import RequestLimits
 
 __all__ = ["RequestLimits", "Validate", "session_id"]
+
+#: Bodies bigger than this are parsed in the parse thread, not on the event loop. Parsing
+#: and checking a few megabytes of tool schemas is pure Python for a second or more; on the
+#: loop, every other stream of this process would stall for as long. In the thread, the loop
+#: still gets the interpreter every few milliseconds (the longest single hold measured: one
+#: ``json.loads`` of the whole body, ~80 ms for 3 MB; bench/README.md).
+PARSE_OFF_LOOP_BYTES = 64 * 1024
+#: One thread: large requests queue behind each other, never ahead of everyone else's.
+_PARSER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edge-parse")
 
 
 class Validate:
@@ -45,7 +56,10 @@ class Validate:
 
     async def __call__(self, ctx: ChatContext, call_next: Next) -> web.StreamResponse:
         raw = await self._read(ctx.request)
-        model = self._dialect.accept(raw, ctx, self._limits, self._counters)
+        if len(raw) > PARSE_OFF_LOOP_BYTES:
+            model = await self._accept_off_loop(raw, ctx)
+        else:
+            model = self._dialect.accept(raw, ctx, self._limits, self._counters)
         assert ctx.principal is not None
         if not ctx.principal.tenant.allows_model(model):
             self._counters.models_not_allowed += 1
@@ -58,8 +72,29 @@ class Validate:
         ctx.session_id = session_id(ctx.request)
         return await call_next(ctx)
 
+    async def _accept_off_loop(self, raw: bytes, ctx: ChatContext) -> str:
+        counted = EdgeCounters()
+        run = contextvars.copy_context().run
+        loop = asyncio.get_running_loop()
+        try:
+            return await loop.run_in_executor(
+                _PARSER, run, self._dialect.accept, raw, ctx, self._limits, counted
+            )
+        finally:
+            self._counters.add(counted)
+
     async def _read(self, request: web.Request) -> bytes:
         coding = content_coding(request)  # 415 before waiting for a body it cannot decode
+        declared = request.content_length
+        if declared is not None and declared > self._limits.max_body_bytes:
+            # Refused before a byte is read: reading up to the limit first let a client that
+            # declared too much, then sent little, hold the request until the body timeout.
+            self._counters.bodies_too_large += 1
+            if request.transport is not None:
+                request.protocol.close()  # after this answer: the body is not wanted
+            raise PayloadTooLarge(
+                f"request body is larger than {self._limits.max_body_bytes} bytes"
+            )
         try:
             raw = await asyncio.wait_for(request.read(), self._body_timeout_s)
         except TimeoutError:

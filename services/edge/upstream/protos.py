@@ -44,6 +44,32 @@ def generate_request(
     body = ctx.body
     assert body is not None, "after validate"
     req = _new_request(ctx, body.model, request_id=request_id, decision_id=decision_id)
+    if ctx.chat_payload is not None:
+        req.MergeFrom(ctx.chat_payload)  # a large request's, built once (see chat_payload)
+    else:
+        _add_payload(body, req)
+    s = req.sampling
+    _add_common_sampling(body, s, max_tokens=body.effective_max_tokens() or ctx.completion_cap)
+    s.logprobs = bool(body.logprobs)
+    s.top_logprobs = body.top_logprobs or 0
+    s.ignore_eos = body.ignore_eos
+    if body.n is not None and body.n > 1:
+        req.n = body.n
+    _add_sampling_extensions(body, s)
+    return req
+
+
+def chat_payload(body: ChatCompletionRequest) -> worker_pb2.GenerateRequest:
+    """The part of every attempt's Generate request that is the client's content: messages,
+    tools and response format, nothing per attempt. A large request's is built once, off the
+    event loop, and merged into each attempt: the Struct of a megabyte of tool schemas takes
+    the better part of a second of pure Python to build."""
+    req = worker_pb2.GenerateRequest()
+    _add_payload(body, req)
+    return req
+
+
+def _add_payload(body: ChatCompletionRequest, req: worker_pb2.GenerateRequest) -> None:
     for m in body.messages:
         msg = req.messages.add(role=m.role, content=m.text(), name=m.name or "")
         if m.tool_calls:
@@ -56,17 +82,8 @@ def generate_request(
                 )
         if m.tool_call_id:
             msg.tool_call_id = m.tool_call_id
-    s = req.sampling
-    _add_common_sampling(body, s, max_tokens=body.effective_max_tokens() or ctx.completion_cap)
-    s.logprobs = bool(body.logprobs)
-    s.top_logprobs = body.top_logprobs or 0
-    s.ignore_eos = body.ignore_eos
-    if body.n is not None and body.n > 1:
-        req.n = body.n
-    _add_sampling_extensions(body, s)
     if body.tools or body.response_format is not None:
         _add_tools_and_format(body, req)
-    return req
 
 
 def completion_request(

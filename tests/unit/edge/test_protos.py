@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+from services.common.jsonstruct import from_struct
 from services.edge.context import ChatContext
 from services.edge.openai_types import parse_chat_request
 from services.edge.prompt import estimate_prompt_tokens
@@ -73,3 +74,27 @@ def test_each_attempt_gets_its_own_generate_request() -> None:
     assert a.sampling.seed == 7
     assert abs(a.sampling.temperature - 0.5) < 1e-6
     assert a.messages == b.messages  # the same request, attempt fields apart
+
+
+def test_a_prebuilt_payload_makes_the_same_generate_request() -> None:
+    """A large request's messages, tools and response format are encoded once
+    (``ctx.chat_payload``) and merged into each attempt: the result is what building it
+    from the body gives, and attempts do not share a message."""
+    tool = {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+        },
+    }
+    ctx = context(tools=[tool], tool_choice="required", max_tokens=8, seed=3)
+    fresh = protos.generate_request(ctx, request_id="chatcmpl-1", decision_id="d1")
+    assert ctx.body is not None
+    ctx.chat_payload = protos.chat_payload(ctx.body)
+    a = protos.generate_request(ctx, request_id="chatcmpl-1", decision_id="d1")
+    b = protos.generate_request(ctx, request_id="chatcmpl-1.2", decision_id="d2")
+    assert a == fresh
+    assert from_struct(a.tools[0].function.parameters)["properties"]["city"]["type"] == "string"
+    assert a.tools == b.tools
+    assert a.tools is not b.tools
+    assert len(ctx.chat_payload.tools) == 1  # merging did not grow the payload
