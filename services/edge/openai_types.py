@@ -63,12 +63,14 @@ Text = Annotated[StrictStr, VALID_UNICODE]
 
 # An API key pasted into ``model`` (arguments swapped: a common slip) would travel on to the
 # router and into its logs as the "unknown model" it asked for. Meridian's keys and the
-# other providers' usual ``sk-…`` ones are refused here, without echoing them.
-_KEY_LIKE = re.compile(r"^(mk-[A-Za-z0-9_-]{40,}|sk-[A-Za-z0-9_-]{20,})$")
+# other providers' usual ``sk-…`` ones are refused here, without echoing them — anywhere in
+# the name, not only as all of it: ``"Bearer mk-…"`` or a key with a trailing space is the
+# same slip.
+_KEY_LIKE = re.compile(r"(?<![A-Za-z0-9_-])(?:mk-[A-Za-z0-9_-]{40,}|sk-[A-Za-z0-9_-]{20,})")
 
 
 def _not_a_key(value: str) -> str:
-    if _KEY_LIKE.match(value):
+    if _KEY_LIKE.search(value):
         raise ValueError(
             "this looks like an API key, not a model name (send the key in the "
             "Authorization header; it was not stored or logged)"

@@ -162,7 +162,12 @@ def test_a_schema_at_the_depth_limit_still_decodes_inside_a_mux_frame() -> None:
         worker_pb2.MuxRequest.FromString(frame.SerializeToString())
 
 
-@pytest.mark.parametrize("pasted", ["mk-" + "A1b2_-" * 7 + "x", "sk-proj-" + "a" * 40])
+KEY = "mk-" + "A1b2_-" * 7 + "x"
+
+
+@pytest.mark.parametrize(
+    "pasted", [KEY, "sk-proj-" + "a" * 40, f"Bearer {KEY}", f"{KEY} ", f" {KEY}", f"{KEY}\n"]
+)
 def test_an_api_key_pasted_into_model_is_refused_without_echoing_it(pasted: str) -> None:
     """Arguments swapped (a common slip): the key would travel to the router and into its
     logs as the unknown model asked for."""
@@ -170,7 +175,10 @@ def test_an_api_key_pasted_into_model_is_refused_without_echoing_it(pasted: str)
         parse_chat_request(body(model=pasted))
     assert err.value.param == "model"
     assert pasted not in err.value.message
+    assert KEY not in err.value.message
     assert parse_chat_request(body(model="sk-model")).model == "sk-model"  # short: a name
+    long_name = "desk-assistant-llama-3-70b-instruct-v2"  # "sk-" inside a word: a name
+    assert parse_chat_request(body(model=long_name)).model == long_name
 
 
 @pytest.mark.parametrize(
