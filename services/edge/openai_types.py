@@ -202,8 +202,48 @@ Probability = Annotated[float, Field(ge=limits.TOP_P_RANGE[0], le=limits.TOP_P_R
 Penalty = Annotated[float, Field(ge=limits.PENALTY_RANGE[0], le=limits.PENALTY_RANGE[1])]
 
 
+def _a_number(v: Any) -> Any:
+    # Ints and floats, not strings or booleans (lax pydantic reads "50" and true as numbers).
+    if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
+        raise ValueError("must be a number")
+    return v
+
+
+A_NUMBER = BeforeValidator(_a_number)
+#: OpenAI's ``metadata``: at most 16 pairs, keys up to 64 characters, values up to 512.
+Metadata = Annotated[
+    dict[
+        Annotated[StrictStr, Field(max_length=64), VALID_UNICODE],
+        Annotated[StrictStr, Field(max_length=512), VALID_UNICODE],
+    ],
+    Field(max_length=16),
+]
+#: OpenAI request fields for what Meridian does not do, refused by name: ignored, the answer
+#: would silently not be what was asked for (no audio, no function_call, no predicted output).
+_UNSUPPORTED = {
+    "functions": "use 'tools' instead",
+    "function_call": "use 'tool_choice' instead",
+    "audio": "audio output is not served here",
+    "prediction": "predicted outputs are not supported",
+    "web_search_options": "web search is not offered here",
+}
+
+
+def refuse_unsupported(data: dict[str, Any]) -> None:
+    """A 400 naming the first OpenAI field Meridian cannot honour (see ``_UNSUPPORTED``)."""
+    for name, instead in _UNSUPPORTED.items():
+        if data.get(name) is not None:
+            raise InvalidRequest(
+                f"Unsupported parameter: '{name}' is not supported; {instead}.",
+                param=name,
+                code="unsupported_parameter",
+            )
+
+
 class ChatCompletionRequest(BaseModel):
-    # Unknown top-level fields are ignored, as OpenAI does for forward compatibility.
+    # Unknown top-level fields are ignored, as vLLM's server does: SDKs and proxies send
+    # fields of their own. The OpenAI fields Meridian cannot honour are refused by name
+    # (refuse_unsupported) and those that change nothing here are still type-checked.
     model_config = ConfigDict(extra="ignore")
 
     model: ModelName
@@ -254,7 +294,15 @@ class ChatCompletionRequest(BaseModel):
         ]
         | None
     ) = None
-    logit_bias: Annotated[dict[str, float], Field(max_length=MAX_LOGIT_BIAS)] | None = None
+    logit_bias: (
+        Annotated[dict[str, Annotated[float, A_NUMBER]], Field(max_length=MAX_LOGIT_BIAS)] | None
+    ) = None
+    # OpenAI fields that change nothing here, but are type-checked as OpenAI does: a client
+    # bug in them is a 400, not silence.
+    service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
+    store: StrictBool | None = None
+    metadata: Metadata | None = None
+    modalities: Annotated[list[Literal["text"]], Field(max_length=1)] | None = None
     # Meridian extension: keep generating past end-of-sequence (benchmarks).
     ignore_eos: StrictBool = False
 
@@ -269,10 +317,7 @@ class ChatCompletionRequest(BaseModel):
     )
     @classmethod
     def _strict_number(cls, v: Any) -> Any:
-        # Accept ints and floats, not strings or booleans ("0.5" is a client bug).
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
-            raise ValueError("must be a number")
-        return v
+        return _a_number(v)  # "0.5" is a client bug
 
     def effective_max_tokens(self) -> int | None:
         return (
@@ -360,6 +405,7 @@ def _param_path(loc: tuple[int | str, ...]) -> str:
 def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     """Parse and validate a request body; every failure names the field it is about."""
     data = load_object(body)
+    refuse_unsupported(data)
     try:
         req = ChatCompletionRequest.model_validate(data)
     except ValidationError as err:

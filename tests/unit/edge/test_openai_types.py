@@ -274,3 +274,55 @@ def test_numbers_python_reads_oddly_are_400s(raw: bytes, param: str | None) -> N
     with pytest.raises(InvalidRequest) as exc:
         parse_chat_request(raw)
     assert exc.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"functions": [{"name": "f", "parameters": {}}]}, "functions"),
+        ({"function_call": "auto"}, "function_call"),
+        ({"audio": {"voice": "alloy", "format": "wav"}}, "audio"),
+        ({"prediction": {"type": "content", "content": "x"}}, "prediction"),
+        ({"modalities": ["text", "audio"]}, "modalities"),
+    ],
+)
+def test_openai_fields_meridian_cannot_honour_are_refused_by_name(
+    extra: dict[str, object], param: str
+) -> None:
+    """Ignored, the answer would silently not be what was asked for."""
+    with pytest.raises(InvalidRequest) as err:
+        parse_chat_request(body(**extra))
+    assert (err.value.param or "").startswith(param)
+
+
+@pytest.mark.parametrize(
+    ("extra", "param"),
+    [
+        ({"service_tier": "gold"}, "service_tier"),
+        ({"store": "yes"}, "store"),
+        ({"metadata": {"k": 1}}, "metadata.k"),
+        ({"metadata": {f"k{i}": "v" for i in range(17)}}, "metadata"),
+        ({"logit_bias": {"50": "50"}}, "logit_bias.50"),
+        ({"logit_bias": {"50": True}}, "logit_bias.50"),
+    ],
+)
+def test_openai_fields_without_effect_here_are_still_type_checked(
+    extra: dict[str, object], param: str
+) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        parse_chat_request(body(**extra))
+    assert err.value.param == param
+
+
+def test_openai_fields_without_effect_here_are_accepted_when_well_formed() -> None:
+    req = parse_chat_request(
+        body(
+            service_tier="auto",
+            store=False,
+            metadata={"team": "search"},
+            modalities=["text"],
+            logit_bias={"50": -100, "7": 2.5},
+            some_sdk_extension={"anything": 1},
+        )
+    )
+    assert req.logit_bias_pairs() == [(50, -100.0), (7, 2.5)]
