@@ -7,6 +7,7 @@ They extend that tree, so the error boundary renders them like every other error
     │   ├── RequestTimeout       408  the client sent its body (or headers) too slowly
     │   ├── UnsupportedContentEncoding
     │   │                        415  a body in a Content-Encoding the edge does not decode
+    │   ├── UnsupportedCharset   415  a body declared in a charset other than UTF-8
     │   └── HeadersTooLarge      431  a header line, field or count over the limit
     └── Conflict                 409  admin API: the tenant already exists
 
@@ -26,6 +27,11 @@ class RequestTimeout(InvalidRequest):
 class UnsupportedContentEncoding(InvalidRequest):
     http_status = 415
     default_code = "unsupported_content_encoding"
+
+
+class UnsupportedCharset(InvalidRequest):
+    http_status = 415
+    default_code = "unsupported_charset"
 
 
 class HeadersTooLarge(InvalidRequest):

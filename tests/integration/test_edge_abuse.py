@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator
 
 import aiohttp
 import pytest
+from multidict import CIMultiDict
 
 from services.edge.guard import GuardConfig
 from services.edge.stages.validate import RequestLimits
@@ -310,3 +311,55 @@ async def test_a_large_request_is_parsed_off_the_event_loop_and_served(
     assert (answers[2][0], answers[2][1]["error"]["param"]) == (400, "n")
     assert stack.edge.counters.invalid_requests == before + 1  # counted in the thread, kept
     assert [t.startswith("edge-parse") for t in threads] == [True, False, True]
+
+
+@pytest.mark.parametrize(
+    ("headers", "says"),
+    [
+        ([("Authorization", "Basic dXNlcjpwYXNz")], "must use the Bearer scheme"),
+        ([("Authorization", "Token abc")], "must use the Bearer scheme"),
+        ([("Authorization", "Bearer ")], "You didn't provide an API key"),
+        ([], "You didn't provide an API key"),
+        ("two keys", "Send one Authorization header"),
+    ],
+)
+async def test_an_authorization_header_the_edge_cannot_use_says_why(
+    stack: Stack, headers: object, says: str
+) -> None:
+    if headers == "two keys":
+        other = await stack.edge.new_key("second-payer")
+        headers = [("Authorization", f"Bearer {stack.key}"), ("Authorization", f"Bearer {other}")]
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{stack.edge.url}/v1/chat/completions",
+            headers=CIMultiDict(headers),  # type: ignore[arg-type]
+            json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]},
+        ) as resp,
+    ):
+        assert resp.status == 401
+        error = (await resp.json())["error"]
+    assert says in error["message"]
+    assert error["type"] == "invalid_request_error"
+
+
+@pytest.mark.parametrize(("charset", "status"), [("utf-16", 415), ("latin-1", 415), ("UTF-8", 200)])
+async def test_a_body_declared_in_a_charset_other_than_utf8_is_415(
+    stack: Stack, charset: str, status: int
+) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{stack.edge.url}/v1/chat/completions",
+            headers={
+                "Authorization": f"Bearer {stack.key}",
+                "Content-Type": f"application/json; charset={charset}",
+            },
+            data=json.dumps(body).encode(),
+        ) as resp,
+    ):
+        assert resp.status == status, await resp.text()
+        if status == 415:
+            error = (await resp.json())["error"]
+            assert (error["code"], error["param"]) == ("unsupported_charset", "Content-Type")

@@ -18,7 +18,7 @@ from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
 from services.edge.dialects.base import Dialect
 from services.edge.dialects.chat import CHAT
-from services.edge.httperrors import RequestTimeout
+from services.edge.httperrors import RequestTimeout, UnsupportedCharset
 from services.edge.pipeline import Next
 from services.edge.request_body import content_coding, decode_body
 from services.edge.request_limits import RequestLimits
@@ -85,6 +85,13 @@ class Validate:
 
     async def _read(self, request: web.Request) -> bytes:
         coding = content_coding(request)  # 415 before waiting for a body it cannot decode
+        charset = request.charset
+        if charset is not None and charset.lower() not in ("utf-8", "utf8"):
+            # JSON is UTF-8 (RFC 8259); a UTF-16 body would fail as "not valid UTF-8".
+            raise UnsupportedCharset(
+                f"unsupported charset {charset[:40]!r} in Content-Type; send UTF-8 JSON",
+                param="Content-Type",
+            )
         declared = request.content_length
         if declared is not None and declared > self._limits.max_body_bytes:
             # Refused before a byte is read: reading up to the limit first let a client that

@@ -79,10 +79,27 @@ class _Entry:
 
 
 def bearer_token(request: web.Request) -> str:
-    """The key from ``Authorization: Bearer <key>``; raises if absent or malformed."""
-    header = request.headers.get("Authorization", "")
+    """The key from ``Authorization: Bearer <key>``; raises if absent or malformed.
+
+    Two Authorization headers are refused rather than one picked: a proxy and a client that
+    each add one must not have the edge guess whose key pays."""
+    headers = request.headers.getall("Authorization", [])
+    if len(headers) > 1:
+        raise AuthenticationFailed(
+            f"Send one Authorization header; this request has {len(headers)}.",
+            code="invalid_authorization",
+        )
+    header = headers[0] if headers else ""
     scheme, _, token = header.partition(" ")
-    if not header or scheme.lower() != "bearer" or not token.strip():
+    if not header.strip():
+        raise AuthenticationFailed(_NO_KEY, code=None)
+    if scheme.lower() != "bearer":
+        raise AuthenticationFailed(
+            "The Authorization header must use the Bearer scheme: send the API key as "
+            "'Authorization: Bearer YOUR_KEY'.",
+            code="invalid_authorization",
+        )
+    if not token.strip():
         raise AuthenticationFailed(_NO_KEY, code=None)
     return token.strip()
 
