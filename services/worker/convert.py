@@ -7,6 +7,9 @@ field is checked here and a bad one raises :class:`InvalidRequest` naming the fi
 from __future__ import annotations
 
 import math
+from typing import Any
+
+from google.protobuf.struct_pb2 import Struct
 
 from meridian.v1 import worker_pb2
 from services.common import limits
@@ -247,7 +250,11 @@ def tools_from_pb(pb: worker_pb2.GenerateRequest) -> tuple[ToolSpec, ...]:
                 param=f"tools[{i}].function.name",
             )
         seen.add(fn.name)
-        params = from_struct(fn.parameters) if fn.HasField("parameters") else None
+        params = (
+            _schema(fn.parameters, f"tools[{i}].function.parameters")
+            if fn.HasField("parameters")
+            else None
+        )
         out.append(
             ToolSpec(name=fn.name, description=fn.description, parameters=params, strict=fn.strict)
         )
@@ -278,9 +285,18 @@ def response_format_from_pb(pb: worker_pb2.ResponseFormat) -> ResponseFormat:
         raise InvalidRequest(
             "response_format json_schema needs a schema", param="response_format.json_schema"
         )
-    return ResponseFormat(
-        type="json_schema", schema=from_struct(pb.schema), name=pb.name, strict=pb.strict
-    )
+    schema = _schema(pb.schema, "response_format.json_schema.schema")
+    return ResponseFormat(type="json_schema", schema=schema, name=pb.name, strict=pb.strict)
+
+
+def _schema(struct: Struct, param: str) -> dict[str, Any]:
+    """A Struct as JSON. A Struct can hold what JSON cannot (NaN, infinities): protobuf's
+    converter refuses it with a ValueError, which must be this request's 400, not the call's
+    INTERNAL (the edge never sends one; another gRPC client can)."""
+    try:
+        return from_struct(struct)
+    except ValueError as err:
+        raise InvalidRequest(f"{param} is not JSON: {err}", param=param) from None
 
 
 #: The longest delivered-text tail a continuing worker accepts (stop strings are shorter).

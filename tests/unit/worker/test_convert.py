@@ -86,3 +86,23 @@ def test_final_chunk_carries_finish_usage_and_timings() -> None:
     assert (pb.usage.prompt_tokens, pb.usage.completion_tokens) == (4, 9)
     assert pb.timings.decode_ms == 12.5
     assert list(pb.token_ids) == [5]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), float("-inf")])
+def test_a_schema_struct_that_is_not_json_is_refused_naming_it(bad: float) -> None:
+    """A Struct holds what JSON cannot; sent straight to the worker's gRPC port it was the
+    call's INTERNAL (a ValueError), not this request's INVALID_ARGUMENT."""
+    tool_req = request()
+    tool = tool_req.tools.add(type="function")
+    tool.function.name = "f"
+    tool.function.parameters["maximum"] = bad
+    with pytest.raises(InvalidRequest) as err:
+        request_from_pb(tool_req)
+    assert err.value.param == "tools[0].function.parameters"
+    fmt_req = request()
+    fmt_req.response_format.type = worker_pb2.ResponseFormat.RESPONSE_FORMAT_TYPE_JSON_SCHEMA
+    fmt_req.response_format.name = "x"
+    fmt_req.response_format.schema["minimum"] = bad
+    with pytest.raises(InvalidRequest) as err:
+        request_from_pb(fmt_req)
+    assert err.value.param == "response_format.json_schema.schema"
