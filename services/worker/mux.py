@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import sys
 from collections.abc import AsyncGenerator, AsyncIterator, Callable
 from typing import Any, NoReturn
 
@@ -96,6 +97,11 @@ class _Stream:
         if self.credit > 0:
             self.has_credit.set()
 
+    def unbounded(self) -> None:
+        """No more credit can come (the edge half-closed): HTTP/2's own window paces it."""
+        self.credit = sys.maxsize
+        self.has_credit.set()
+
     async def wait_for_credit(self) -> None:
         """Until the edge grants more (called only when there is none: the per-chunk check
         stays inline, no coroutine per token)."""
@@ -115,6 +121,7 @@ class MuxSession:
         self._frames: list[worker_pb2.MuxFrame] = []  # written in order; the last one fills
         self._wake = asyncio.Event()
         self._closed = False
+        self._finishing = False  # the edge half-closed: write what is left, then return
         self.frames = 0
         self.events = 0
 
@@ -124,6 +131,9 @@ class MuxSession:
         try:
             async for request in requests:
                 self._apply(request)
+            # The edge half-closed: it sends nothing more, but its open streams still get
+            # their tokens and their MuxEnd (they were dropped, with no end, before).
+            await self._finish(writer)
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass  # the edge went away: its streams end with the call
         except MuxProtocolError as err:
@@ -140,6 +150,15 @@ class MuxSession:
             event(log, "mux.closed", frames=self.frames, events=self.events)
         if broken is not None:
             await self._context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(broken))
+
+    async def _finish(self, writer: asyncio.Task[None]) -> None:
+        for stream in self._streams.values():
+            stream.unbounded()
+        tasks = [s.task for s in self._streams.values() if s.task is not None]
+        await asyncio.gather(*tasks, return_exceptions=True)
+        self._finishing = True
+        self._wake.set()
+        await writer
 
     def _apply(self, request: worker_pb2.MuxRequest) -> None:
         op = request.WhichOneof("op")
@@ -218,3 +237,5 @@ class MuxSession:
                 self.frames += 1
                 self.events += len(frame.events)
                 await self._context.write(frame)
+            if self._finishing:
+                return

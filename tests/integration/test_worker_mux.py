@@ -295,3 +295,28 @@ async def test_a_window_asked_beyond_the_cap_is_held_to_it(worker: RunningWorker
     assert sum(len(e.chunk.token_ids) for e in chunks) < tokens
     assert not any(e.HasField("end") for e in events)
     call.cancel()
+
+
+async def test_streams_open_when_the_edge_half_closes_still_finish_with_their_end(
+    worker: RunningWorker,
+) -> None:
+    """A client that sends its opens and then closes its side (done writing) still gets every
+    token and a MuxEnd per stream, and the call ends OK: the streams were dropped, with no
+    end, the moment the request side closed. Credit can no longer come, so none is needed."""
+    from meridian.v1 import worker_pb2_grpc
+
+    async def requests() -> AsyncIterator[worker_pb2.MuxRequest]:
+        for i in (1, 2):
+            yield _open(i, i, window=2)  # fewer chunks than the stream has
+
+    channel = grpc.aio.insecure_channel(worker.address)
+    call = worker_pb2_grpc.WorkerStub(channel).GenerateMux(requests(), timeout=20.0)
+    events = [e async for frame in call for e in frame.events]
+    await channel.close()
+    assert await call.code() is grpc.StatusCode.OK
+    for stream_id in (1, 2):
+        mine = [e for e in events if e.stream_id == stream_id]
+        tokens = sum(len(e.chunk.token_ids) for e in mine if e.HasField("chunk"))
+        assert tokens == 40
+        assert mine[-1].HasField("end")
+        assert mine[-1].end.code == grpc.StatusCode.OK.value[0]
