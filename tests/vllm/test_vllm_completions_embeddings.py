@@ -106,6 +106,24 @@ async def test_token_ids_outside_the_vocabulary_are_refused_naming_the_prompt(
     assert err.value.param == "prompt"
 
 
+@pytest.mark.parametrize(
+    ("sampling", "param"),
+    [
+        ({"logit_bias": ((10**6, 5.0),)}, "logit_bias"),
+        ({"stop_token_ids": (3, 10**6)}, "stop_token_ids"),
+    ],
+)
+async def test_sampling_token_ids_outside_the_vocabulary_are_refused_naming_them(
+    engine: VllmEngine, sampling: dict[str, object], param: str
+) -> None:
+    """The edge cannot know a model's vocabulary: the worker checks, before vLLM fails the
+    request as an engine error."""
+    with pytest.raises(InvalidRequest) as err:
+        await run(engine, completion(RawPrompt(token_ids=(1, 2)), max_tokens=2, **sampling))
+    assert err.value.param == param
+    assert "outside this model's vocabulary" in err.value.message
+
+
 async def test_the_pooling_model_reports_embeddings_only(pooling: VllmEngine) -> None:
     (model,) = pooling.models()
     caps = model.capabilities

@@ -348,6 +348,7 @@ class VllmEngine:
         self._in_flight.add(request.request_id)
         try:
             tokenizer = llm.get_tokenizer()
+            _check_token_ids(len(tokenizer), request.sampling)
             if request.prompt is not None:
                 prompt_ids = _prompt_ids(tokenizer, request.prompt, "prompt")
             else:
@@ -635,6 +636,22 @@ class VllmEngine:
         self._state = ModelState.FAILED
         self._failure = reason
         log.error("vLLM engine %s: %s", self.config.name, reason)
+
+
+def _check_token_ids(vocab: int, sampling: SamplingOptions) -> None:
+    """Token ids a request names (logit_bias keys, stop_token_ids) must be in the vocabulary:
+    the edge cannot know it, and vLLM's own check fails the request as an engine error."""
+    for param, ids in (
+        ("logit_bias", [t for t, _ in sampling.logit_bias]),
+        ("stop_token_ids", list(sampling.stop_token_ids)),
+    ):
+        outside = next((t for t in ids if not 0 <= t < vocab), None)
+        if outside is not None:
+            raise InvalidRequest(
+                f"{param} names token id {outside}, outside this model's vocabulary "
+                f"(0..{vocab - 1})",
+                param=param,
+            )
 
 
 def _prompt_ids(tokenizer: Any, prompt: RawPrompt, param: str) -> list[int]:
