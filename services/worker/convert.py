@@ -162,6 +162,7 @@ def request_from_pb(pb: worker_pb2.GenerateRequest, *, traceparent: str = "") ->
     if pb.HasField("raw_prompt"):
         if pb.messages:
             raise InvalidRequest("give messages or raw_prompt, not both", param="messages")
+        _refuse_chat_only_fields(pb)
         return EngineRequest(
             request_id=pb.request_id,
             model=pb.model,
@@ -340,6 +341,28 @@ def resume_from_pb(pb: worker_pb2.GenerateRequest, sampling: SamplingOptions) ->
         origin_request_id=r.origin_request_id,
         migrations=r.migrations,
     )
+
+
+def _refuse_chat_only_fields(pb: worker_pb2.GenerateRequest) -> None:
+    """A raw prompt (completions) has no tools, response format, choices or resume here:
+    given, they would be dropped without a word (the edge never sends them; another gRPC
+    client can)."""
+    given = [
+        name
+        for name, present in (
+            ("tools", bool(pb.tools)),
+            ("tool_choice", pb.HasField("tool_choice")),
+            ("parallel_tool_calls", pb.HasField("parallel_tool_calls")),
+            ("response_format", pb.HasField("response_format")),
+            ("n", pb.n > 1),
+            ("resume", pb.HasField("resume")),
+        )
+        if present
+    ]
+    if given:
+        raise InvalidRequest(
+            f"{given[0]} is not supported with raw_prompt (completions)", param=given[0]
+        )
 
 
 def raw_prompt_from_pb(pb: worker_pb2.RawPrompt, param: str) -> RawPrompt:

@@ -106,3 +106,23 @@ def test_a_schema_struct_that_is_not_json_is_refused_naming_it(bad: float) -> No
     with pytest.raises(InvalidRequest) as err:
         request_from_pb(fmt_req)
     assert err.value.param == "response_format.json_schema.schema"
+
+
+@pytest.mark.parametrize(
+    ("field", "set_it"),
+    [
+        ("tools", lambda r: r.tools.add(type="function").function.__setattr__("name", "f")),
+        ("response_format", lambda r: r.response_format.__setattr__("type", 1)),
+        ("n", lambda r: r.__setattr__("n", 2)),
+        ("resume", lambda r: r.resume.delivered_token_ids.append(5)),
+        ("parallel_tool_calls", lambda r: r.__setattr__("parallel_tool_calls", False)),
+    ],
+)
+def test_chat_only_fields_with_a_raw_prompt_are_refused_not_dropped(field: str, set_it) -> None:  # type: ignore[no-untyped-def]
+    req = worker_pb2.GenerateRequest(request_id="r1", model="m")
+    req.raw_prompt.text = "once upon"
+    request_from_pb(req)  # a plain raw prompt converts
+    set_it(req)
+    with pytest.raises(InvalidRequest) as err:
+        request_from_pb(req)
+    assert err.value.param == field
