@@ -1,5 +1,7 @@
-"""A real, throw-away ``redis-server`` on a free port (no persistence), for the local stack and
-for tests. Never the machine's shared Redis on 6379."""
+"""A real ``redis-server`` on a free port for the local stack, never the machine's shared
+Redis on 6379. It keeps an append-only file in its run directory (as docker-compose.yml's
+Redis does), so the demo key and any tenants made through the admin API survive a restart of
+Redis on the same run directory."""
 
 from __future__ import annotations
 
@@ -34,7 +36,9 @@ class RedisServer:
                 "--save",
                 "",
                 "--appendonly",
-                "no",
+                "yes",
+                "--appendfsync",
+                "everysec",
                 "--dir",
                 str(run_dir),
                 "--protected-mode",
