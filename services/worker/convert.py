@@ -150,6 +150,20 @@ def sampling_from_pb(pb: worker_pb2.SamplingParams) -> SamplingOptions:
     )
 
 
+#: The router's Priority values (router.proto): UNSPECIFIED (= STANDARD), LOW, STANDARD, HIGH.
+_PRIORITIES = range(0, 4)
+
+
+def _priority(value: int) -> int:
+    """A priority the engines know; any other int32 from a client is refused, not passed to
+    the scheduler (vLLM's priority policy orders by it: -2**31 would jump every queue)."""
+    if value not in _PRIORITIES:
+        raise InvalidRequest(
+            f"priority must be a router Priority (0..3), got {value}", param="priority"
+        )
+    return value
+
+
 def request_from_pb(pb: worker_pb2.GenerateRequest, *, traceparent: str = "") -> EngineRequest:
     """Validate a Generate request and turn it into the engine's type (``traceparent``: the
     worker span's W3C context, passed on to the engine)."""
@@ -168,7 +182,7 @@ def request_from_pb(pb: worker_pb2.GenerateRequest, *, traceparent: str = "") ->
             model=pb.model,
             messages=(),
             sampling=sampling_from_pb(pb.sampling),
-            priority=pb.priority,
+            priority=_priority(pb.priority),
             prompt=raw_prompt_from_pb(pb.raw_prompt, "prompt"),
             echo=pb.echo,
         )
@@ -214,7 +228,7 @@ def request_from_pb(pb: worker_pb2.GenerateRequest, *, traceparent: str = "") ->
         model=pb.model,
         messages=tuple(turns),
         sampling=sampling,
-        priority=pb.priority,
+        priority=_priority(pb.priority),
         tools=tools,
         tool_choice=tool_choice_from_pb(pb.tool_choice, tools),
         parallel_tool_calls=(
@@ -406,7 +420,7 @@ def embed_request_from_pb(pb: worker_pb2.EmbedRequest) -> EmbedRequest:
         model=pb.model,
         inputs=inputs,
         dimensions=pb.dimensions,
-        priority=pb.priority,
+        priority=_priority(pb.priority),
     )
 
 

@@ -126,3 +126,14 @@ def test_chat_only_fields_with_a_raw_prompt_are_refused_not_dropped(field: str, 
     with pytest.raises(InvalidRequest) as err:
         request_from_pb(req)
     assert err.value.param == field
+
+
+@pytest.mark.parametrize("priority", [-1, 4, 2**31 - 1, -(2**31)])
+def test_a_priority_that_is_not_a_router_priority_is_refused(priority: int) -> None:
+    req = request()
+    req.priority = 3
+    assert request_from_pb(req).priority == 3
+    req.priority = priority
+    with pytest.raises(InvalidRequest) as err:
+        request_from_pb(req)
+    assert err.value.param == "priority"
