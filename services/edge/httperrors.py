@@ -8,6 +8,7 @@ They extend that tree, so the error boundary renders them like every other error
     │   ├── UnsupportedContentEncoding
     │   │                        415  a body in a Content-Encoding the edge does not decode
     │   ├── UnsupportedCharset   415  a body declared in a charset other than UTF-8
+    │   ├── UriTooLong           414  a request target over the line limit
     │   └── HeadersTooLarge      431  a header line, field or count over the limit
     └── Conflict                 409  admin API: the tenant already exists
 
@@ -32,6 +33,11 @@ class UnsupportedContentEncoding(InvalidRequest):
 class UnsupportedCharset(InvalidRequest):
     http_status = 415
     default_code = "unsupported_charset"
+
+
+class UriTooLong(InvalidRequest):
+    http_status = 414
+    default_code = "uri_too_long"
 
 
 class HeadersTooLarge(InvalidRequest):

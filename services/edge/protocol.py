@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import re
 import ssl
 from typing import Any
 
@@ -40,7 +41,7 @@ from services.common.logs import event
 from services.common.startup import listen_failed
 from services.edge.counters import EdgeCounters
 from services.edge.guard import GuardConfig, Occupancy, Refusal
-from services.edge.httperrors import HeadersTooLarge, RequestTimeout
+from services.edge.httperrors import HeadersTooLarge, RequestTimeout, UriTooLong
 
 log = logging.getLogger("meridian.edge.protocol")
 
@@ -199,7 +200,12 @@ class GuardedRequestHandler(web.RequestHandler):
         if request.writer.output_size > 0:
             raise ConnectionError("response already started; cannot send an error")
         err: MeridianError
-        if isinstance(exc, LineTooLong) or (
+        if isinstance(exc, LineTooLong) and _is_request_target(exc):
+            self._counters.headers_too_large += 1
+            err = UriTooLong(
+                f"Request-URI too long: at most {self._config.max_header_bytes} bytes."
+            )
+        elif isinstance(exc, LineTooLong) or (
             isinstance(exc, BadHttpMessage) and "too many headers" in str(exc).lower()
         ):
             self._counters.headers_too_large += 1
@@ -220,6 +226,18 @@ class GuardedRequestHandler(web.RequestHandler):
         )
         resp.force_close()
         return resp
+
+
+def _is_request_target(exc: LineTooLong) -> bool:
+    """Whether the line over the limit is the request line's target, not a header: aiohttp
+    raises the same error for both, with the line's first bytes — the target's start with
+    ``/`` or a scheme (absolute form), or the method (its pure-Python parser); a header name
+    cannot start with either."""
+    line = bytes(exc.args[0]) if exc.args and isinstance(exc.args[0], bytes | bytearray) else b""
+    return line.startswith((b"/", b"http://", b"https://")) or _METHOD_SP.match(line) is not None
+
+
+_METHOD_SP = re.compile(rb"[A-Z]{3,7} ")
 
 
 class Listener:

@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 
+import pytest
 from aiohttp import web
 
 from services.common.clock import SYSTEM_CLOCK
@@ -164,6 +165,14 @@ async def test_a_header_line_over_the_limit_is_431() -> None:
         status, _, _ = await send(s.port, b"GET /ok HTTP/1.1\r\nHost: x\r\n" + big + b"\r\n")
         assert status == 431
         assert s.counters.headers_too_large == 1
+
+
+@pytest.mark.parametrize("target", [b"/v1/models?q=" + b"a" * 4000, b"http://x/" + b"a" * 4000])
+async def test_a_request_target_over_the_limit_is_414(target: bytes) -> None:
+    async with serve(max_header_bytes=1024) as s:
+        status, _, body = await send(s.port, b"GET " + target + b" HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert status == 414
+        assert openai_error(body)["code"] == "uri_too_long"
 
 
 async def test_malformed_requests_are_400_in_json_without_a_trace() -> None:
