@@ -9,6 +9,8 @@ They extend that tree, so the error boundary renders them like every other error
     │   │                        415  a body in a Content-Encoding the edge does not decode
     │   ├── UnsupportedCharset   415  a body declared in a charset other than UTF-8
     │   ├── UriTooLong           414  a request target over the line limit
+    │   ├── TransferCodingNotImplemented
+    │   │                        501  a Transfer-Encoding other than chunked
     │   └── HeadersTooLarge      431  a header line, field or count over the limit
     └── Conflict                 409  admin API: the tenant already exists
 
@@ -38,6 +40,11 @@ class UnsupportedCharset(InvalidRequest):
 class UriTooLong(InvalidRequest):
     http_status = 414
     default_code = "uri_too_long"
+
+
+class TransferCodingNotImplemented(InvalidRequest):
+    http_status = 501
+    default_code = "unsupported_transfer_encoding"
 
 
 class HeadersTooLarge(InvalidRequest):

@@ -24,7 +24,7 @@ import zlib
 from aiohttp import web
 
 from services.common.errors import InvalidRequest, PayloadTooLarge
-from services.edge.httperrors import UnsupportedContentEncoding
+from services.edge.httperrors import TransferCodingNotImplemented, UnsupportedContentEncoding
 from services.edge.middleware.error_boundary import RESPONSE_HEADERS
 
 #: What the edge decodes, as the 415 and its ``Accept-Encoding`` header list it.
@@ -41,6 +41,20 @@ def content_coding(request: web.Request) -> str | None:
     Checked before the body is read: a coding the edge cannot decode is refused at once.
     One coding at most: stacked codings are not something clients send, and each layer
     could inflate up to the body limit again."""
+    transfer = [
+        token.strip().lower()
+        for value in request.headers.getall("Transfer-Encoding", ())
+        for token in value.split(",")
+        if token.strip()
+    ]
+    if transfer and transfer != ["chunked"]:
+        # aiohttp de-chunks and ignores the rest: a gzip transfer coding would reach the
+        # parser still compressed. RFC 9112: an unknown transfer coding is a 501.
+        raise TransferCodingNotImplemented(
+            f"unsupported Transfer-Encoding '{', '.join(transfer)[:80]}'; only chunked is "
+            "decoded (compress the body with Content-Encoding instead)",
+            param="Transfer-Encoding",
+        )
     codings = [
         _ALIASES.get(token.strip().lower(), token.strip().lower())
         for value in request.headers.getall("Content-Encoding", ())

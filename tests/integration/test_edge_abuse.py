@@ -363,3 +363,29 @@ async def test_a_body_declared_in_a_charset_other_than_utf8_is_415(
         if status == 415:
             error = (await resp.json())["error"]
             assert (error["code"], error["param"]) == ("unsupported_charset", "Content-Type")
+
+
+@pytest.mark.parametrize(("coding", "status"), [(b"gzip, chunked", 501), (b"chunked", 200)])
+async def test_a_transfer_coding_other_than_chunked_is_501(
+    stack: Stack, coding: bytes, status: int
+) -> None:
+    """aiohttp de-chunks and ignores any other coding: gzip would reach the parser still
+    compressed (RFC 9112: a transfer coding the server does not know is a 501)."""
+    port = int(stack.edge.url.rsplit(":", 1)[1])
+    body = json.dumps(
+        {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
+    ).encode()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(
+        b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        + f"Authorization: Bearer {stack.key}\r\n".encode()
+        + b"Transfer-Encoding: "
+        + coding
+        + b"\r\nConnection: close\r\n\r\n"
+        + f"{len(body):x}\r\n".encode()
+        + body
+        + b"\r\n0\r\n\r\n"
+    )
+    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
+    writer.close()
+    assert head.startswith(b"HTTP/1.1 %d" % status), head
