@@ -118,8 +118,9 @@ async def test_sampling_token_ids_outside_the_vocabulary_are_refused_naming_them
 ) -> None:
     """The edge cannot know a model's vocabulary: the worker checks, before vLLM fails the
     request as an engine error."""
+    request = completion(RawPrompt(token_ids=(1, 2)), max_tokens=2, **sampling)  # type: ignore[arg-type]
     with pytest.raises(InvalidRequest) as err:
-        await run(engine, completion(RawPrompt(token_ids=(1, 2)), max_tokens=2, **sampling))
+        await run(engine, request)
     assert err.value.param == param
     assert "outside this model's vocabulary" in err.value.message
 
