@@ -67,6 +67,9 @@ class EdgeCounters:
     router_unreachable: int = 0
     route_fallback_used: int = 0
     route_fallback_unavailable: int = 0
+    # Requests that did not ask the router because it had not answered and was backed off
+    # (services/edge/upstream/resilient_router.py); each is also one of the two above.
+    route_fallback_backed_off: int = 0
     view_refreshes: int = 0
     view_refresh_failures: int = 0
     # Streaming.

@@ -11,13 +11,29 @@ The local rule (:func:`rank_locally`): keep workers that are healthy, not draini
 model READY with what the request needs (the router's capability rule), are in an allowed region
 and not excluded; order by load — (running + waiting + assigned) / max_running, in steps of 0.1
 so near-equal loads tie — then by RTT, ties broken at random. Requests this edge sends while
-falling back are added to the load of their worker until the next view arrives, so a burst does
-not pile onto one worker.
+falling back are added to the load of their worker until the next view arrives, or for at most
+``assigned_ttl_s`` (about a request's life), so a burst does not pile onto one worker. The age
+limit matters when the router is hung: no view arrives, and counts that only grew would become
+the history of the whole outage — a burst to one region early on would keep other traffic off
+its workers long after they went idle.
 
-The fallback is used only when the router did not answer (:class:`RouterUnreachable`); a
-router that answers with an error (unknown model, no capacity) is obeyed. It is counted, and
-it stops when the view is older than ``max_age_s``. Recovery needs nothing: the next request
-asks the router first.
+The fallback is used only when the router did not answer (:class:`RouterUnreachable`: a
+deadline, a refused connection); a router that answers with an error (unknown model, no
+capacity) is obeyed. It is counted, and it stops when the view is older than ``max_age_s``.
+
+Backoff: after a ``RouterUnreachable`` the router is not asked on the request path (Route,
+ListModels, readiness) at all, because a hung router (SIGSTOP, a wedged loop) accepts
+connections and never answers, and every request asking it would wait the whole deadline
+(~2 s). Requests are ranked from the view at once (counted as ``route_fallback_backed_off``
+too), while one background probe — never more, and no request waits for it — asks the router
+for its view after a jittered period (``backoff_initial_s``, doubling to ``backoff_max_s``).
+When the router answers it (even with an error), requests ask the router again: a router that
+recovers is used within about one period, and the answer is a fresh view as well. The probe is
+``GetView``, not a Route, so that it makes no decision and adds no in-flight load at the
+router; the price is a router whose GetView answers while its Route hangs, so the period is
+reset only when a Route is answered — such a router makes requests wait its deadline once per
+period, not on every request. Entering and leaving the backoff are logged once each
+(``router.backoff_started``, ``router.back``).
 """
 
 from __future__ import annotations
@@ -27,6 +43,7 @@ import contextlib
 import logging
 import random
 import uuid
+from collections import deque
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -45,10 +62,20 @@ log = logging.getLogger("meridian.edge.routeview")
 class ViewConfig:
     refresh_every_s: float = 2.0
     max_age_s: float = 300.0
+    #: How long requests are ranked from the view without asking a router that did not
+    #: answer, before the probe asks it; doubled after each unanswered probe, up to the max.
+    backoff_initial_s: float = 0.5
+    backoff_max_s: float = 5.0
+    #: How long a request routed from the view counts as load on its worker, at most.
+    assigned_ttl_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not 0 < self.refresh_every_s <= self.max_age_s:
             raise ValueError("need 0 < refresh_every_s <= max_age_s")
+        if not 0 < self.backoff_initial_s <= self.backoff_max_s:
+            raise ValueError("need 0 < backoff_initial_s <= backoff_max_s")
+        if self.assigned_ttl_s <= 0:
+            raise ValueError("need assigned_ttl_s > 0")
 
 
 def _serves(worker: router_pb2.WorkerView, model: str, needs: capabilities.Needs) -> bool:
@@ -115,7 +142,22 @@ class ResilientRouter:
         self._rng = rng or random.Random()
         self._view: router_pb2.RouterView | None = None
         self._view_at = 0.0
+        # Requests routed from the view since it arrived, by worker, and when (oldest first).
         self._assigned: dict[str, int] = {}
+        self._assigned_at: deque[tuple[float, str]] = deque()
+        # The backoff (module docstring): when it started (None: ask the router), the period
+        # the next one starts with, how many have ended, and the one probe.
+        self._backed_off_at: float | None = None
+        self._backoff_s = self._config.backoff_initial_s
+        self._recoveries = 0
+        self._skipped_before = 0  # route_fallback_backed_off when the backoff started
+        self._probe: asyncio.Task[None] | None = None
+        self._jitter = random.Random()
+
+    @property
+    def backed_off(self) -> bool:
+        """The router did not answer and is not asked until the probe hears from it."""
+        return self._backed_off_at is not None
 
     def view_age_s(self) -> float | None:
         return None if self._view is None else self._clock.monotonic() - self._view_at
@@ -145,18 +187,28 @@ class ResilientRouter:
         )
 
     async def route(self, request: router_pb2.RouteRequest) -> RouteResult:
+        if self._backed_off_at is not None:
+            self._counters.route_fallback_backed_off += 1
+            return self._fallback(request, _not_asked())
+        recoveries = self._recoveries
         try:
-            return await self.client.route(request)
+            result = await self.client.route(request)
         except RouterUnreachable as err:
             self._counters.router_unreachable += 1
+            self._back_off(err, recoveries)
             return self._fallback(request, err)
+        except MeridianError:
+            self._backoff_s = self._config.backoff_initial_s  # an answer: Route works
+            raise
+        self._backoff_s = self._config.backoff_initial_s
+        return result
 
     def _fallback(self, request: router_pb2.RouteRequest, err: MeridianError) -> RouteResult:
         view = self._usable_view()
         if view is None:
             self._counters.route_fallback_unavailable += 1
             raise err
-        candidates = rank_locally(view, request, rng=self._rng, assigned=self._assigned)
+        candidates = rank_locally(view, request, rng=self._rng, assigned=self._assigned_now())
         if not candidates:
             self._counters.route_fallback_unavailable += 1
             unsupported = unsupported_in_view(view, request)
@@ -166,6 +218,7 @@ class ResilientRouter:
         self._counters.route_fallback_used += 1
         first = candidates[0].worker_id
         self._assigned[first] = self._assigned.get(first, 0) + 1
+        self._assigned_at.append((self._clock.monotonic(), first))
         event(log, "route.fallback", request_id=request.request_id, worker_id=first)
         return RouteResult(
             decision_id=f"local-{uuid.uuid4().hex[:16]}",
@@ -173,10 +226,72 @@ class ResilientRouter:
             explanation="router unreachable: ranked locally from its last view",
         )
 
+    def _assigned_now(self) -> Mapping[str, int]:
+        """The fallback's own load per worker, without what is older than ``assigned_ttl_s``."""
+        cutoff = self._clock.monotonic() - self._config.assigned_ttl_s
+        while self._assigned_at and self._assigned_at[0][0] <= cutoff:
+            _, worker_id = self._assigned_at.popleft()
+            if (left := self._assigned[worker_id] - 1) > 0:
+                self._assigned[worker_id] = left
+            else:
+                del self._assigned[worker_id]
+        return self._assigned
+
+    def _back_off(self, err: RouterUnreachable, recoveries: int) -> None:
+        """Stop asking the router, and start the probe — unless it is backed off already, or
+        the probe heard from it while this call waited (a late timeout is no news)."""
+        if self._backed_off_at is not None or recoveries != self._recoveries:
+            return
+        period = self._backoff_s
+        self._backoff_s = min(period * 2, self._config.backoff_max_s)
+        self._backed_off_at = self._clock.monotonic()
+        self._skipped_before = self._counters.route_fallback_backed_off
+        event(
+            log,
+            "router.backoff_started",
+            level=logging.WARNING,
+            backoff_s=period,
+            error=err.message,
+        )
+        if self._probe is None or self._probe.done():
+            self._probe = asyncio.create_task(self._probe_until_back(period), name="router probe")
+
+    async def _probe_until_back(self, period: float) -> None:
+        """Ask the router for its view every jittered ``period`` (doubling) until it answers."""
+        while self._backed_off_at is not None:
+            await asyncio.sleep(period * (0.5 + 0.5 * self._jitter.random()))
+            try:
+                await self.refresh()
+            except RouterUnreachable:
+                period = min(period * 2, self._config.backoff_max_s)
+                self._backoff_s = period  # the next backoff starts where this one got to
+                continue
+            except MeridianError:
+                pass  # it answered, with an error: it is there to be asked
+            except Exception:  # a bug here must not leave the router unasked for good
+                log.exception("router.probe_failed")
+            self._router_back()
+
+    def _router_back(self) -> None:
+        if self._backed_off_at is None:
+            return
+        event(
+            log,
+            "router.back",
+            backed_off_s=round(self._clock.monotonic() - self._backed_off_at, 3),
+            routed_locally=self._counters.route_fallback_backed_off - self._skipped_before,
+        )
+        self._backed_off_at = None
+        self._recoveries += 1
+
     async def list_models(self) -> router_pb2.ListModelsResponse:
+        recoveries = self._recoveries
         try:
+            if self._backed_off_at is not None:
+                raise _not_asked()
             return await self.client.list_models()
-        except RouterUnreachable:
+        except RouterUnreachable as err:
+            self._back_off(err, recoveries)
             view = self._usable_view()
             if view is None:
                 raise
@@ -184,8 +299,9 @@ class ResilientRouter:
 
     async def ready(self) -> bool:
         """Some model can be served now: by the router's word, or — while it is unreachable —
-        by the last view (a healthy worker whose model is loaded, not merely a live worker)."""
-        if await self.client.ready():
+        by the last view (a healthy worker whose model is loaded, not merely a live worker).
+        A backed-off router is not asked (a probe with a 1 s timeout would fail on it)."""
+        if self._backed_off_at is None and await self.client.ready():
             return True
         view = self._usable_view()
         return view is not None and len(models_from_view(view).models) > 0
@@ -199,6 +315,7 @@ class ResilientRouter:
         self._view = view
         self._view_at = self._clock.monotonic()
         self._assigned.clear()
+        self._assigned_at.clear()
         self._counters.view_refreshes += 1
 
     async def run(self, stop: asyncio.Event) -> None:
@@ -212,7 +329,16 @@ class ResilientRouter:
                 await asyncio.wait_for(stop.wait(), self._config.refresh_every_s)
 
     async def close(self) -> None:
+        if self._probe is not None:
+            self._probe.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._probe
         await self.client.close()
+
+
+def _not_asked() -> RouterUnreachable:
+    """What a request gets when the router is backed off and the view cannot route it."""
+    return RouterUnreachable("the router is not answering; try again shortly", retry_after_s=1.0)
 
 
 def unsupported_in_view(

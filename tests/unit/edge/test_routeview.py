@@ -123,6 +123,33 @@ async def test_without_a_view_an_unreachable_router_is_a_503() -> None:
     await router.close()
 
 
+async def test_load_assigned_while_falling_back_expires_though_no_view_arrives() -> None:
+    """A hung router sends no view: what the fallback assigned must not count for the rest of
+    the outage (here a burst held to jp would keep other traffic off jp1 long after)."""
+    clock = ManualClock()
+    router = ResilientRouter(
+        client=RouterClient(f"127.0.0.1:{free_port()}", timeout_s=0.5),  # unreachable
+        clock=clock,
+        counters=EdgeCounters(),
+        config=ViewConfig(assigned_ttl_s=5.0),
+        rng=random.Random(1),
+    )
+    router._view = router_pb2.RouterView(
+        workers=[worker("kr1", rtt=2), worker("jp1", region="jp", rtt=80)]
+    )
+    router._view_at = clock.monotonic()  # the last view it had, and the only one it gets
+    anywhere = router_pb2.RouteRequest(model="m")
+    try:
+        for _ in range(20):
+            await router.route(router_pb2.RouteRequest(model="m", allowed_regions=["jp"]))
+        assert (await router.route(anywhere)).candidates[0].worker_id == "kr1"
+        clock.advance(5.0)  # the burst's requests are done by now
+        firsts = [(await router.route(anywhere)).candidates[0].worker_id for _ in range(4)]
+        assert firsts == ["kr1", "jp1", "kr1", "jp1"]  # spread again, nearest first
+    finally:
+        await router.close()
+
+
 @pytest.mark.parametrize(
     ("workers", "ready"),
     [
