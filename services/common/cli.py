@@ -1,10 +1,14 @@
 """Argument types every service's command line shares, so a bad flag gets the same precise
-message everywhere (argparse turns ArgumentTypeError into "argument --port: …", exit code 2)."""
+message everywhere (argparse turns ArgumentTypeError into "argument --port: …", exit code 2),
+and :func:`read_text` for the files flags name (configs, secrets), whose every failure is one
+:class:`UnreadableFile` naming the file and the flag."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from services.common.net import parse_address
@@ -37,3 +41,107 @@ def output_file(value: str) -> Path:
     if not os.access(parent, os.W_OK | os.X_OK):
         raise argparse.ArgumentTypeError(f"directory {str(parent)!r} is not writable")
     return path
+
+
+def finite_float(
+    low: float | None = None, high: float | None = None, *, low_open: bool = False
+) -> Callable[[str], float]:
+    """A float flag's type: a finite number (never ``nan`` or ``inf``, which ``float()`` takes)
+    within ``[low, high]`` (``(low, high]`` when ``low_open``); either bound may be absent."""
+
+    def parse(value: str) -> float:
+        try:
+            number = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+        if not math.isfinite(number):
+            raise argparse.ArgumentTypeError(f"must be a finite number, got {value!r}")
+        below = low is not None and (number <= low if low_open else number < low)
+        above = high is not None and number > high
+        if below or above:
+            raise argparse.ArgumentTypeError(f"must be {_bounds(low, high, low_open)}, got {value}")
+        return number
+
+    return parse
+
+
+def _bounds(low: float | None, high: float | None, low_open: bool) -> str:
+    if low is not None and high is not None:
+        return f"within {'(' if low_open else '['}{low:g}, {high:g}]"
+    if low is not None:
+        return f"{'>' if low_open else '>='} {low:g}"
+    return f"<= {high:g}"
+
+
+positive_float = finite_float(0, low_open=True)
+"""A finite number > 0 (a timeout, an interval, a grace period)."""
+
+non_negative_float = finite_float(0)
+"""A finite number >= 0."""
+
+fraction = finite_float(0, 1)
+"""A finite number within [0, 1]."""
+
+
+def output_dir(value: str) -> Path:
+    """A folder the process writes into, creating it (and its parents) if need be
+    (``--state-dir``, ``--out``): it must be a writable folder already, or the nearest one
+    that exists above it must be — not a file, found out after the work is done."""
+    path = Path(value)
+    if not value:
+        raise argparse.ArgumentTypeError("expected a folder, got ''")
+    if path.exists():
+        if not path.is_dir():
+            raise argparse.ArgumentTypeError(f"{value!r} is not a directory")
+        if not os.access(path, os.W_OK | os.X_OK):
+            raise argparse.ArgumentTypeError(f"directory {value!r} is not writable")
+        return path
+    if path.is_symlink():
+        raise argparse.ArgumentTypeError(f"{value!r} is a broken symbolic link")
+    ancestor = next(a for a in path.absolute().parents if a.exists())
+    if not ancestor.is_dir():
+        raise argparse.ArgumentTypeError(f"cannot create {value!r}: {str(ancestor)!r} is a file")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise argparse.ArgumentTypeError(
+            f"cannot create {value!r}: directory {str(ancestor)!r} is not writable"
+        )
+    return path
+
+
+MAX_INPUT_BYTES = 16 * 1024 * 1024
+"""The largest file :func:`read_text` reads: config and secret files are small, and a
+``--profile /dev/zero`` must end in an error, not in the memory running out."""
+
+
+class UnreadableFile(ValueError):
+    """A file a flag names that cannot be used as text: ``reason`` says why in a few words
+    (``No such file or directory``, ``not UTF-8 text (byte 0xff at offset 0)``); the message is
+    ``[FLAG ]PATH: REASON``."""
+
+    def __init__(self, path: str | os.PathLike[str], reason: str, flag: str | None = None) -> None:
+        self.path = os.fspath(path)
+        self.reason = reason
+        self.flag = flag
+        super().__init__(f"{flag + ' ' if flag else ''}{self.path}: {reason}")
+
+
+def read_text(
+    path: str | os.PathLike[str], *, flag: str | None = None, max_bytes: int = MAX_INPUT_BYTES
+) -> str:
+    """The UTF-8 text of a file a flag names (a config, a secret). Every way it can fail — an
+    OS error (missing, a directory, no permission), bytes that are not UTF-8, a file past
+    ``max_bytes`` — raises :class:`UnreadableFile` naming the file (and ``flag``, if given)."""
+    try:
+        with open(path, "rb") as f:
+            data = f.read(max_bytes + 1)
+    except OSError as err:
+        raise UnreadableFile(path, err.strerror or str(err), flag) from None
+    if len(data) > max_bytes:
+        raise UnreadableFile(path, f"larger than {max_bytes:,} bytes", flag)
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        byte = data[err.start]
+        raise UnreadableFile(
+            path, f"not UTF-8 text (byte {byte:#04x} at offset {err.start})", flag
+        ) from None

@@ -53,14 +53,17 @@ def _redis_url(value: str) -> str:
     return value
 
 
-def _number(kind: type[int] | type[float], low: float) -> Callable[[str], float]:
-    def parse(value: str) -> float:
+def _integer(low: int) -> Callable[[str], int]:
+    """An integer flag's type (float flags use :mod:`services.common.cli`'s, which refuse
+    ``nan`` and ``inf``)."""
+
+    def parse(value: str) -> int:
         try:
-            n = kind(value)
+            n = int(value)
         except ValueError:
-            raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
+            raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
         if n < low:
-            raise argparse.ArgumentTypeError(f"must be >= {low:g}, got {value}")
+            raise argparse.ArgumentTypeError(f"must be >= {low}, got {value}")
         return n
 
     return parse
@@ -73,8 +76,8 @@ def _workers(value: str) -> int:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
-_positive = _number(float, 1e-9)
-_count = _number(int, 1)
+_positive = cli.positive_float
+_count = _integer(1)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -98,7 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="edge processes on this port (SO_REUSEPORT); auto: one per usable core",
     )
     # Set by the supervisor for each of its children, never by hand.
-    p.add_argument("--process-index", type=_number(int, 0), default=None, help=argparse.SUPPRESS)
+    p.add_argument("--process-index", type=_integer(0), default=None, help=argparse.SUPPRESS)
     p.add_argument("--process-count", type=_count, default=1, help=argparse.SUPPRESS)
     t = p.add_argument_group("TLS")
     t.add_argument("--tls-cert", type=Path)
@@ -127,7 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-connections-per-ip", type=_count, default=256)
     g.add_argument("--max-streams", type=_count, default=4096)
     g.add_argument("--max-streams-per-ip", type=_count, default=64)
-    g.add_argument("--ip-requests-per-s", type=_number(float, 0), default=100.0)
+    g.add_argument("--ip-requests-per-s", type=cli.non_negative_float, default=100.0)
     g.add_argument("--ip-burst", type=_count, default=200)
     g.add_argument("--header-timeout-s", type=_positive, default=10.0)
     g.add_argument("--idle-timeout-s", type=_positive, default=75.0)
@@ -184,7 +187,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME=LAT,LON",
         help="where the console's map draws this site or a region (repeatable), e.g. kr=37.5,127.0",
     )
-    w.add_argument("--console-session-ttl-s", type=_number(float, 60), default=8 * 3600.0)
+    w.add_argument("--console-session-ttl-s", type=cli.finite_float(60), default=8 * 3600.0)
     w.add_argument("--max-console-streams", type=_count, default=16)
     telemetry.add_cli_args(p)
     return p
@@ -211,14 +214,19 @@ def _admin_token(args: argparse.Namespace) -> str | None:
     if args.admin_port is None:
         return None
     if args.admin_token_file is not None:
-        try:
-            return str(args.admin_token_file.read_text().strip())
-        except OSError as err:
-            raise ValueError(f"cannot read {args.admin_token_file}: {err.strerror}") from None
+        return cli.read_text(args.admin_token_file, flag="--admin-token-file").strip()
     token = os.environ.get(ADMIN_TOKEN_ENV, "").strip()
     if not token:
         raise ValueError(f"--admin-port needs --admin-token-file or ${ADMIN_TOKEN_ENV}")
     return token
+
+
+def _key_hasher(args: argparse.Namespace) -> KeyHasher:
+    """The API-key hasher, its pepper from ``--key-pepper-file`` or the environment."""
+    if args.key_pepper_file is not None:
+        # Unreadable, a directory, not UTF-8: an error naming the flag, before load_pepper.
+        cli.read_text(args.key_pepper_file, flag="--key-pepper-file")
+    return KeyHasher(load_pepper(file=args.key_pepper_file))
 
 
 def config_from_args(args: argparse.Namespace) -> EdgeConfig:
@@ -348,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         config = config_from_args(args)
-        hasher = KeyHasher(load_pepper(file=args.key_pepper_file))
+        hasher = _key_hasher(args)
         if config.tls is not None:
             server_context(config.tls)  # unreadable certificates stop us here, not later
         telemetry.sampler_from_env(os.environ)  # a bad OTEL_TRACES_SAMPLER stops us here

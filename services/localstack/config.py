@@ -1,17 +1,21 @@
 """The local stack's shape, read from ``deploy/local/stack.yaml``.
 
 Validated before anything starts; errors name their location (``regions.jp.rtt_ms: must be a
-number >= 0``).
+finite number >= 0, got nan``).
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeGuard
 
 import yaml
+
+from services.common.cli import UnreadableFile, read_text
+from services.worker.sim.config import SimConfig
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
 
@@ -84,22 +88,26 @@ class StackConfig:
         return self.vllm_model if engine == "vllm" else self.model
 
 
+def _is_number(value: object) -> TypeGuard[int | float]:
+    """An int, or a finite float: YAML's ``.nan`` and ``.inf`` are floats, but never a
+    distance, a delay or a coordinate."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return False
+    return isinstance(value, int) or math.isfinite(value)
+
+
 def _num(data: dict[str, Any], key: str, where: str, default: float | None = None) -> float:
     value = data.get(key, default)
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < 0:
-        raise StackConfigError(f"{where}.{key}: must be a number >= 0")
-    return float(value)
+    if _is_number(value) and value >= 0:
+        return float(value)
+    raise StackConfigError(f"{where}.{key}: must be a finite number >= 0, got {value!r}")
 
 
 def _location(value: Any, where: str) -> tuple[float, float] | None:
     """``[lat, lon]`` in degrees, or absent."""
     if value is None:
         return None
-    ok = (
-        isinstance(value, list)
-        and len(value) == 2
-        and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
-    )
+    ok = isinstance(value, list) and len(value) == 2 and all(_is_number(v) for v in value)
     if not ok or not (-90 <= value[0] <= 90 and -180 <= value[1] <= 180):
         raise StackConfigError(f"{where}: must be [latitude, longitude] in degrees")
     return float(value[0]), float(value[1])
@@ -149,6 +157,7 @@ def parse_stack_config(data: Any) -> StackConfig:
                 location=_location(spec.get("location"), f"{where}.location"),
             )
         )
+    sim = _parse_sim(_mapping(root.get("sim"), "sim"), model)
     vllm_raw = dict(_mapping(root.get("vllm"), "vllm"))
     embedding_raw = _mapping(vllm_raw.pop("embedding", None), "vllm.embedding")
     vllm_model, vllm_regions, vllm_options = _parse_vllm(vllm_raw, regions_raw)
@@ -157,7 +166,7 @@ def parse_stack_config(data: Any) -> StackConfig:
         site=site,
         model=model,
         regions=tuple(regions),
-        sim=_mapping(root.get("sim"), "sim"),
+        sim=sim,
         vllm_model=vllm_model,
         vllm_regions=vllm_regions,
         vllm_options=vllm_options,
@@ -165,6 +174,16 @@ def parse_stack_config(data: Any) -> StackConfig:
         vllm_embedding_regions=embed_regions,
         site_location=_location(root.get("site_location"), "site_location"),
     )
+
+
+def _parse_sim(sim: dict[str, Any], model: str) -> dict[str, Any]:
+    """``sim:``, the simulated workers' settings, checked here as each worker will check them
+    (``--model`` sets ``models``), so a bad one stops ``make run`` before anything starts."""
+    try:
+        SimConfig.from_mapping({**sim, "models": [model]})
+    except ValueError as err:
+        raise StackConfigError(f"sim: {err}") from None
+    return sim
 
 
 def _parse_vllm(
@@ -189,9 +208,11 @@ def _parse_vllm(
             raise StackConfigError(
                 f"vllm.options.{key}: unknown option (expected one of {sorted(VLLM_OPTIONS)})"
             )
-        if value is False or value is None or isinstance(value, dict | list):
+        bad_float = isinstance(value, float) and not math.isfinite(value)
+        if value is False or value is None or isinstance(value, dict | list) or bad_float:
             raise StackConfigError(
-                f"vllm.options.{key}: must be a number, a string or true (a flag)"
+                f"vllm.options.{key}: must be a finite number, a string or true (a flag), "
+                f"got {value!r}"
             )
     return model, dict(counts), dict(options)
 
@@ -219,9 +240,9 @@ def _parse_vllm_embedding(
 
 def load_stack_config(path: Path) -> StackConfig:
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as err:
-        raise StackConfigError(f"{path}: {err.strerror}") from None
+        data = yaml.safe_load(read_text(path))
+    except UnreadableFile as err:  # missing, a directory, not UTF-8, ...
+        raise StackConfigError(str(err)) from None
     except yaml.YAMLError as err:
         raise StackConfigError(f"{path}: invalid YAML: {err}") from None
     return parse_stack_config(data)

@@ -17,7 +17,7 @@ import os
 import sys
 from pathlib import Path
 
-from services.common import runtime
+from services.common import cli, runtime
 from services.common.net import redact_url
 from services.edge.supervisor import parse_workers
 from services.localstack.config import StackConfigError, load_stack_config
@@ -36,7 +36,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--engine", choices=["sim", "vllm"], default="sim")
     p.add_argument("--config", type=Path, default=DEFAULT_CONFIG)
-    p.add_argument("--state-dir", type=Path, default=STATE_DIR)
+    p.add_argument(
+        "--state-dir",
+        type=cli.output_dir,
+        default=str(STATE_DIR),  # a string, so a bad $MERIDIAN_STATE_DIR is refused the same way
+        help="where the stack keeps its state, logs and the demo key (default: %(default)s)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     p.add_argument(
         "--tls",

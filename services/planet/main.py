@@ -17,6 +17,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from services.common import cli
+from services.common.cli import UnreadableFile, read_text
 from services.planet.errors import ScenarioError, ScenarioTooLarge
 from services.planet.memory import estimate, limit_mib
 from services.planet.scenario import Scenario, load_scenario
@@ -38,6 +40,19 @@ def check_memory(sc: Scenario) -> float:
     if need > limit:
         raise ScenarioTooLarge(sc.source, need, limit, breakdown)
     return need
+
+
+def check_profiles(paths: Sequence[Path]) -> str | None:
+    """Why one of the router profiles cannot be loaded (unreadable, not UTF-8, invalid), or
+    None: checked before the first run starts, not found out after an hour of another's."""
+    from services.router.scheduling.profile import ProfileError, load_profile
+
+    for path in paths:
+        try:
+            load_profile(path)
+        except ProfileError as err:
+            return str(err)
+    return None
 
 
 def run_one(sc: Scenario, profile: Path, progress: bool, label: str) -> dict[str, Any]:
@@ -93,9 +108,11 @@ def combine(paths: list[Path], out: Path, p: argparse.ArgumentParser) -> int:
     results: list[dict[str, Any]] = []
     for path in paths:
         try:
-            loaded = json.loads(path.read_text())
-        except (OSError, ValueError) as err:
-            p.error(f"--combine: cannot read {path}: {err}")
+            loaded = json.loads(read_text(path))
+        except UnreadableFile as err:  # missing, a directory, not UTF-8, ...
+            p.error(f"--combine: cannot read {path}: {err.reason}")
+        except ValueError as err:
+            p.error(f"--combine: {path}: not JSON: {err}")
         results.extend(loaded if isinstance(loaded, list) else [loaded])
     out.mkdir(parents=True, exist_ok=True)
     write_json(results, out / "results.json")
@@ -113,10 +130,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="router profiles (names under deploy/router/profiles or .yaml paths); the first is "
         "the one compared with the others; default: the scenario's",
     )
-    p.add_argument("--duration", type=float, help="override duration_s")
+    p.add_argument("--duration", type=cli.positive_float, help="override duration_s")
     p.add_argument("--engine", choices=("fast", "exact"), help="override the engine model")
     p.add_argument(
-        "--out", type=Path, default=ROOT / "bench/results/tmp/planet", help="report folder"
+        "--out",
+        type=cli.output_dir,
+        default=ROOT / "bench/results/tmp/planet",
+        help="report folder (created if need be)",
     )
     p.add_argument("--no-progress", action="store_true")
     p.add_argument("--calibration", action="store_true", help="print the RTT model's fit and exit")
@@ -135,13 +155,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         return combine(args.combine, args.out, p)
     if args.scenario is None:
         p.error("--scenario is required")
-    if args.duration is not None and not args.duration > 0:
-        p.error("--duration must be > 0")
     profiles = [profile_path(n) for n in args.profiles] if args.profiles else None
     if profiles:
         missing = [str(x) for x in profiles if not x.exists()]
         if missing:
             p.error(f"--profiles: no such profile: {', '.join(missing)}")
+        problem = check_profiles(profiles)
+        if problem is not None:
+            p.error(f"--profiles: {problem}")
     overrides: dict[str, Any] = {}
     if args.duration is not None:
         overrides["duration_s"] = args.duration
@@ -152,6 +173,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         need = check_memory(sc)
     except ScenarioError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    problem = None if profiles else check_profiles([sc.router.profile])
+    if problem is not None:
+        print(f"error: {sc.source}: router.profile: {problem}", file=sys.stderr)
         return 2
     from services.planet.report import write_json, write_markdown
 

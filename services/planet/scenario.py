@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from services.common.cli import UnreadableFile, read_text
 from services.planet.errors import ScenarioError
 from services.planet.geo import RttModel
 from services.planet.reader import Node, Problems
@@ -45,6 +46,8 @@ from services.router.scheduling.types import Priority
 from services.worker.sim.config import SimConfig, SimConfigError
 
 ENGINES = ("fast", "exact")
+TRACE_MAX_BYTES = 1 << 30
+"""The largest request trace (JSON lines) a scenario may replay."""
 EVENT_KINDS = ("region-outage", "link-degraded", "worker-crash", "hotspot", "model-rollout")
 TIERS = {"low": Priority.LOW, "standard": Priority.STANDARD, "high": Priority.HIGH}
 #: Default diurnal shape (relative demand by local hour, 0..23): a trough before dawn at about a
@@ -223,9 +226,9 @@ def load_scenario(path: str | Path, *, overrides: Mapping[str, Any] | None = Non
     ``overrides``: top-level keys replaced after reading (the command line's ``--duration``)."""
     path = Path(path)
     try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as err:
-        raise ScenarioError(str(path), [f"cannot read: {err.strerror or err}"]) from None
+        doc = yaml.safe_load(read_text(path))
+    except UnreadableFile as err:  # missing, a directory, not UTF-8, ...
+        raise ScenarioError(str(path), [f"cannot read: {err.reason}"]) from None
     except yaml.YAMLError as err:
         raise ScenarioError(str(path), [f"invalid YAML: {err}"]) from None
     shortened = False
@@ -661,9 +664,9 @@ class _Builder:
     def trace(self, node: Node, sites: list[str], models: set[str]) -> tuple[TraceRecord, ...]:
         path = self.path(node)
         try:
-            lines = path.read_text(encoding="utf-8").splitlines()
-        except OSError as err:
-            node.fail(f"cannot read {path}: {err.strerror or err}")
+            lines = read_text(path, max_bytes=TRACE_MAX_BYTES).splitlines()
+        except UnreadableFile as err:  # missing, a directory, not UTF-8, ...
+            node.fail(f"cannot read {path}: {err.reason}")
             return ()
         out = []
         for i, line in enumerate(lines, 1):

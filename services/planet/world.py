@@ -17,6 +17,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from services.common.cli import UnreadableFile, read_text
 from services.planet.errors import ScenarioError
 from services.planet.geo import Residual, RttModel, fit, great_circle_km
 
@@ -44,9 +45,9 @@ class Site:
 def _rows(path: Path, columns: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
     """Data rows of a CSV table whose comment lines start with '#', with line numbers."""
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise ScenarioError(str(path), [f"cannot read: {err.strerror or err}"]) from None
+        text = read_text(path)
+    except UnreadableFile as err:  # missing, a directory, not UTF-8, ...
+        raise ScenarioError(str(path), [f"cannot read: {err.reason}"]) from None
     lines = [(i + 1, line) for i, line in enumerate(text.splitlines())]
     data = [(n, line) for n, line in lines if line.strip() and not line.startswith("#")]
     if not data:

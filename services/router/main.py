@@ -130,10 +130,7 @@ def debug_config(args: argparse.Namespace, environ: dict[str, str]) -> DebugConf
         return None
     token: str | None = environ.get(TOKEN_ENV) or None
     if args.debug_token_file is not None:
-        try:
-            token = args.debug_token_file.read_text(encoding="utf-8").strip()
-        except OSError as err:
-            raise ValueError(f"--debug-token-file: {err.strerror or err}") from None
+        token = cli.read_text(args.debug_token_file, flag="--debug-token-file").strip()
     return DebugConfig(host=args.debug_host, port=args.debug_port, token=token)
 
 

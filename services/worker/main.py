@@ -37,26 +37,6 @@ def _identifier(value: str) -> str:
     return value
 
 
-def _positive_float(value: str) -> float:
-    try:
-        f = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if not f > 0:
-        raise argparse.ArgumentTypeError(f"must be > 0, got {value}")
-    return f
-
-
-def _fraction(value: str) -> float:
-    try:
-        f = float(value)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a number") from None
-    if not 0.0 <= f <= 1.0:
-        raise argparse.ArgumentTypeError(f"must be within [0, 1], got {value}")
-    return f
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m services.worker",
@@ -73,15 +53,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--ready-file", type=cli.output_file, help="write {'port': N} here once listening"
     )
-    p.add_argument("--report-interval-ms", type=_positive_float, default=100.0)
+    p.add_argument("--report-interval-ms", type=cli.positive_float, default=100.0)
     p.add_argument(
         "--early-report-load",
-        type=_fraction,
+        type=cli.fraction,
         default=EARLY_REPORT_LOAD,
         help="from this load (0..1) a request ending pushes a load report at once, so routers "
         "that refuse work near saturation see the room (default: %(default)s)",
     )
-    p.add_argument("--drain-grace-s", type=_positive_float, default=10.0)
+    p.add_argument("--drain-grace-s", type=cli.positive_float, default=10.0)
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     g = p.add_argument_group("model")
     g.add_argument("--model", help="vllm: path or name of the weights; sim: served model name")
@@ -90,7 +70,11 @@ def build_parser() -> argparse.ArgumentParser:
     g.add_argument("--max-num-seqs", type=int, help="max concurrent sequences in a batch")
     v = p.add_argument_group("vllm engine")
     v.add_argument("--dtype", default="auto")
-    v.add_argument("--gpu-memory-utilization", type=_positive_float)
+    v.add_argument(
+        "--gpu-memory-utilization",
+        type=cli.finite_float(0, 1, low_open=True),
+        help="the share of the GPU's memory vLLM may use, in (0, 1]",
+    )
     v.add_argument("--tensor-parallel-size", type=int, default=1)
     v.add_argument("--enforce-eager", action="store_true")
     v.add_argument("--no-prefix-caching", action="store_true")

@@ -19,9 +19,8 @@ import asyncio
 import socket
 import sys
 from collections.abc import Sequence
-from pathlib import Path
 
-from services.common import logs
+from services.common import cli, logs
 from services.localstack.compose.chaos import HEADER, SCENARIOS, run_scenario
 from services.localstack.compose.engine import Engine, EngineUnavailable, find_engine
 from services.localstack.compose.stack import REPO, ComposeFailed, ComposeStack, base_images
@@ -36,8 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--state-dir", type=Path, default=REPO / "build/docker")
-    parser.add_argument("--cache-dir", type=Path, default=default_cache_dir())
+    parser.add_argument("--state-dir", type=cli.output_dir, default=REPO / "build/docker")
+    parser.add_argument("--cache-dir", type=cli.output_dir, default=default_cache_dir())
     parser.add_argument(
         "--base-image", help="BASE_IMAGE build argument (default: the Dockerfile's)"
     )
@@ -51,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     chaos.add_argument("--clients", type=int, default=8)
     chaos.add_argument("--max-tokens", type=int, default=64)
-    chaos.add_argument("--fault-s", type=float, default=6.0)
+    chaos.add_argument("--fault-s", type=cli.positive_float, default=6.0)
     return parser
 
 

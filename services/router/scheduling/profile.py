@@ -31,11 +31,11 @@ import os
 import random
 import re
 from collections.abc import Mapping, Sequence
-from pathlib import Path
 from typing import Any
 
 import yaml
 
+from services.common.cli import UnreadableFile, read_text
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.router.scheduling.framework import SchedulerProfile, WeightedScorer
 from services.router.scheduling.params import ParamError, Params
@@ -131,9 +131,9 @@ def _read(source: str | os.PathLike[str] | Mapping[str, Any]) -> tuple[str, obje
     if isinstance(source, Mapping):
         return label, source
     try:
-        text = Path(source).read_text(encoding="utf-8")
-    except OSError as err:
-        raise ProfileError(label, [f"cannot read: {err.strerror or err}"]) from None
+        text = read_text(source)
+    except UnreadableFile as err:  # missing, a directory, not UTF-8, ...
+        raise ProfileError(label, [f"cannot read: {err.reason}"]) from None
     try:
         return label, yaml.safe_load(text)
     except yaml.YAMLError as err:

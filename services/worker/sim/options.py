@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from services.common.cli import UnreadableFile, read_text
 from services.worker.engine import Engine, EngineConfigError
 from services.worker.sim.config import SimConfig
 from services.worker.sim.engine import SimEngine
@@ -33,9 +34,9 @@ def _parse_overrides(pairs: list[str]) -> dict[str, Any]:
 
 def _load_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(path.read_text())
-    except OSError as err:
-        raise EngineConfigError(f"--sim-config {path}: {err.strerror}") from None
+        data = yaml.safe_load(read_text(path, flag="--sim-config"))
+    except UnreadableFile as err:  # missing, a directory, not UTF-8, ...
+        raise EngineConfigError(str(err)) from None
     except yaml.YAMLError as err:
         raise EngineConfigError(f"--sim-config {path}: invalid YAML: {err}") from None
     if data is None:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 
+from services.common import cli
 from services.worker.engine import Engine, EngineConfigError
 from services.worker.upstream.config import UpstreamConfig, read_api_key
 
@@ -26,13 +27,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--upstream-model", help="serve only this upstream model (default: all)")
     g.add_argument(
         "--upstream-timeout-s",
-        type=float,
+        type=cli.positive_float,
         default=10.0,
         help="connect + response-header timeout per request (default: %(default)s)",
     )
     g.add_argument(
         "--upstream-wait-s",
-        type=float,
+        type=cli.non_negative_float,
         default=30.0,
         help="how long start-up waits for the upstream's /v1/models (default: %(default)s)",
     )

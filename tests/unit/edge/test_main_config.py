@@ -96,3 +96,35 @@ def test_a_missing_pepper_stops_the_edge_before_it_starts(
     with pytest.raises(SystemExit):
         main([*BASE, "--plain-http"])
     assert "no key pepper" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag", ["--key-pepper-file", "--admin-token-file"])
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"\xff\xfe" + b"p" * 40, "not UTF-8 text (byte 0xff at offset 0)"),
+        (None, "No such file or directory"),
+        ("dir", "Is a directory"),
+    ],
+)
+def test_a_secret_file_that_cannot_be_read_stops_the_edge_naming_the_flag_and_file(
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    flag: str,
+    content: bytes | str | None,
+    reason: str,
+) -> None:
+    monkeypatch.setenv("MERIDIAN_KEY_PEPPER", "p" * 40)
+    monkeypatch.setenv("MERIDIAN_ADMIN_TOKEN", "a-long-enough-admin-token")
+    secret = tmp_path / "secret"
+    if content == "dir":
+        secret.mkdir()
+    elif isinstance(content, bytes):
+        secret.write_bytes(content)
+    with pytest.raises(SystemExit) as exc:
+        main([*BASE, "--plain-http", "--admin-port", "0", flag, str(secret)])
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: {flag} {secret}: {reason}\n" in err
+    assert "Traceback" not in err

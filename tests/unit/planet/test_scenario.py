@@ -133,3 +133,104 @@ def test_the_command_exits_2_naming_the_problem(
         main(["--scenario", str(bad), "--duration", "-3"])
     assert exit_.value.code == 2
     assert "--duration" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"\xff\xfe", "not UTF-8 text (byte 0xff at offset 0)"),
+        (b"name: caf\xe9\n", "not UTF-8 text (byte 0xe9 at offset 9)"),
+        ("dir", "Is a directory"),
+    ],
+)
+def test_a_scenario_that_is_not_utf8_text_exits_2_naming_the_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes | str, reason: str
+) -> None:
+    path = tmp_path / "s.yaml"
+    if isinstance(content, bytes):
+        path.write_bytes(content)
+    else:
+        path.mkdir()
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(path)
+    assert err.value.problems == (f"cannot read: {reason}",)
+    assert main(["--scenario", str(path), "--no-progress"]) == 2
+    out = capsys.readouterr().err
+    assert f"error: {path}: cannot read: {reason}" in out
+    assert "Traceback" not in out
+
+
+def test_a_trace_or_world_table_that_is_not_utf8_is_a_located_problem(
+    tmp_path: Path, small: dict[str, Any]
+) -> None:
+    (tmp_path / "trace.jsonl").write_bytes(b'{"site": "seoul"}\n\xff\n')
+    (tmp_path / "regions.csv").write_bytes(b"code,lat\n\xfe\n")
+    traced = {**small, "traffic": {"trace": "trace.jsonl"}}
+    assert any(
+        "cannot read" in p and "not UTF-8 text (byte 0xff at offset 18)" in p
+        for p in problems_at(traced, tmp_path)
+    )
+    tabled = {**small, "world": {**small["world"], "regions": "regions.csv"}}
+    assert any(
+        "cannot read: not UTF-8 text (byte 0xfe at offset 9)" in p
+        for p in problems_at(tabled, tmp_path)
+    )
+
+
+def problems_at(doc: dict[str, Any], base: Path) -> tuple[str, ...]:
+    with pytest.raises(ScenarioError) as err:
+        build(doc, source="s.yaml", base=base)
+    return err.value.problems
+
+
+@pytest.mark.parametrize(
+    ("flags", "problem"),
+    [
+        (["--duration", "inf"], "argument --duration: must be a finite number, got 'inf'"),
+        (["--duration", "nan"], "argument --duration: must be a finite number, got 'nan'"),
+        (["--duration", "0"], "argument --duration: must be > 0, got 0"),
+        (["--out", "{file}/report"], "argument --out: cannot create '{file}/report': '{file}'"),
+        (["--out", "{file}"], "argument --out: '{file}' is not a directory"),
+        (["--profiles", "{bad}"], "--profiles: {bad}: cannot read: not UTF-8 text"),
+    ],
+)
+def test_bad_flags_exit_2_naming_the_flag_before_anything_runs(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], flags: list[str], problem: str
+) -> None:
+    names = {"file": str(tmp_path / "file"), "bad": str(tmp_path / "bad.yaml")}
+    (tmp_path / "file").write_text("x")
+    (tmp_path / "bad.yaml").write_bytes(b"\xff\xfe")
+    # A scenario that does not exist: were a flag let through, main would return 2 for it
+    # instead of exiting at the flag (and nothing is ever simulated).
+    argv = ["--scenario", str(tmp_path / "missing.yaml"), "--no-progress"]
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, *(f.format(**names) for f in flags)])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert problem.format(**names) in err
+    assert "Traceback" not in err
+
+
+def test_combine_refuses_a_results_file_that_is_not_utf8(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    bad = tmp_path / "results.json"
+    bad.write_bytes(b"\xff\xfe")
+    with pytest.raises(SystemExit) as exit_:
+        main(["--combine", str(bad), "--out", str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    assert f"--combine: cannot read {bad}: not UTF-8 text" in capsys.readouterr().err
+
+
+def test_a_scenario_whose_router_profile_is_not_utf8_exits_2_before_simulating(
+    tmp_path: Path, small: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import yaml
+
+    (tmp_path / "bad.yaml").write_bytes(b"\xff\xfe")
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({**small, "router": {"profile": "bad.yaml"}}))
+    assert main(["--scenario", str(path), "--no-progress", "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"router.profile: {tmp_path / 'bad.yaml'}: cannot read: not UTF-8 text" in err
+    assert not (tmp_path / "out").exists()

@@ -137,6 +137,36 @@ def test_main_refuses_a_broken_profile(tmp_path: Path) -> None:
     assert exc.value.code == 2
 
 
+def test_main_refuses_a_profile_that_is_not_utf8_naming_the_flag_and_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    profile = tmp_path / "p.yaml"
+    profile.write_bytes(b"\xff\xfe")
+    with pytest.raises(SystemExit) as exc:
+        main(["--worker", "127.0.0.1:7001", "--profile", str(profile)], {})
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: --profile {profile}: " in err
+    assert "cannot read: not UTF-8 text (byte 0xff at offset 0)" in err
+    assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe", None])
+def test_a_token_file_that_is_not_utf8_or_is_a_folder_names_the_flag_and_file(
+    tmp_path: Path, content: bytes | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    token_file = tmp_path / "token"
+    if content is None:
+        token_file.mkdir()
+    else:
+        token_file.write_bytes(content)
+    argv = ["--worker", "127.0.0.1:7001", "--debug-port", "0", "--debug-token-file"]
+    with pytest.raises(SystemExit) as exc:
+        main([*argv, str(token_file)], {})
+    assert exc.value.code == 2
+    assert f"error: --debug-token-file {token_file}: " in capsys.readouterr().err
+
+
 def test_a_debug_route_query_becomes_a_route_request() -> None:
     req, explain = route_request_from_query(
         MultiDict(

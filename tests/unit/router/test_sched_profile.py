@@ -234,6 +234,27 @@ def test_files_report_their_path_and_yaml_errors(tmp_path: Path) -> None:
         load_profile(tmp_path / "missing.yaml")
 
 
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"\xff\xfe", "not UTF-8 text (byte 0xff at offset 0)"),
+        (b"profiles: {}\n\xe9t\xe9", "not UTF-8 text (byte 0xe9 at offset 13)"),
+        (None, "Is a directory"),
+    ],
+)
+def test_a_profile_file_that_is_not_utf8_text_is_a_profile_error(
+    tmp_path: Path, content: bytes | None, reason: str
+) -> None:
+    path = tmp_path / "p.yaml"
+    if content is None:
+        path.mkdir()
+    else:
+        path.write_bytes(content)
+    with pytest.raises(ProfileError) as err:
+        load_profile(path)
+    assert str(err.value) == f"{path}: cannot read: {reason}"
+
+
 def test_a_document_that_is_not_a_mapping_is_rejected(tmp_path: Path) -> None:
     listed = tmp_path / "list.yaml"
     listed.write_text("- profiles\n")

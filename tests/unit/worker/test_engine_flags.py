@@ -69,3 +69,49 @@ def test_engine_option_flags_are_checked_by_name_before_vllm_loads(
 ) -> None:
     with pytest.raises(EngineConfigError, match=message):
         build_engine(build_parser().parse_args([*BASE, "--model", _model(tmp_path), *flags]))
+
+
+SIM = ["--worker-id", "w1", "--region", "kr", "--engine", "sim"]
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b"\xff\xfe", "not UTF-8 text (byte 0xff at offset 0)"),
+        (b"time_scale: 0.5\n\xe9", "not UTF-8 text (byte 0xe9 at offset 16)"),
+        (None, "No such file or directory"),
+        ("dir", "Is a directory"),
+    ],
+)
+def test_a_sim_config_that_cannot_be_read_stops_start_up_naming_the_flag_and_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: bytes | str | None, reason: str
+) -> None:
+    path = tmp_path / "sim.yaml"
+    if content == "dir":
+        path.mkdir()
+    elif isinstance(content, bytes):
+        path.write_bytes(content)
+    with pytest.raises(SystemExit) as exited:
+        main([*SIM, "--sim-config", str(path)])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"error: --sim-config {path}: {reason}\n" in err
+    assert "Traceback" not in err
+
+
+def test_a_sim_config_that_is_utf8_text_is_read(tmp_path: Path) -> None:
+    path = tmp_path / "sim.yaml"
+    path.write_bytes("time_scale: 0.5  # ½\n".encode())
+    engine = build_engine(build_parser().parse_args([*SIM, "--sim-config", str(path)]))
+    assert engine is not None
+
+
+@pytest.mark.parametrize("flag", ["--drain-grace-s", "--report-interval-ms"])
+@pytest.mark.parametrize("value", ["inf", "nan", "0"])
+def test_timing_flags_must_be_finite_and_positive(
+    flag: str, value: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_parser().parse_args([*SIM, flag, value])
+    assert exited.value.code == 2
+    assert f"argument {flag}: must be " in capsys.readouterr().err
