@@ -69,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="python -m services.common.healthcheck",
         description="Exit 0 if a Meridian endpoint is healthy, 1 if not.",
     )
-    parser.add_argument("--timeout-s", type=float, default=2.0)
+    parser.add_argument("--timeout-s", type=cli.positive_float, default=2.0)
     kinds = parser.add_subparsers(dest="kind", required=True)
     http = kinds.add_parser("http", help="a GET answered 2xx")
     http.add_argument("url")

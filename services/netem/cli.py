@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from services.common import logs, runtime
+from services.common import cli, logs, runtime
 from services.common.errors import InvalidRequest
 from services.common.logs import event
 from services.netem.config import Route, parse_route
@@ -48,7 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="NAME:LISTEN_HOST:LISTEN_PORT=UPSTREAM_HOST:UPSTREAM_PORT,delay_ms=MS[,...]",
         help="a proxied route; optional keys: jitter_ms, loss (0..1), rto_ms, seed. Repeatable.",
     )
-    parser.add_argument("--ready-file", type=Path, default=None, help="JSON written once listening")
+    parser.add_argument(
+        "--ready-file", type=cli.output_file, default=None, help="JSON written once listening"
+    )
     parser.add_argument(
         "--log-level", default="info", choices=("debug", "info", "warning", "error")
     )

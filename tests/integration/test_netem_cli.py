@@ -55,6 +55,17 @@ def test_at_least_one_route_is_required(capsys: pytest.CaptureFixture[str]) -> N
     assert "--route" in capsys.readouterr().err
 
 
+def test_a_ready_file_in_a_missing_directory_exits_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        parse_args(
+            ["--route", "127.0.0.1:0=127.0.0.1:1", "--ready-file", str(tmp_path / "no" / "r.json")]
+        )
+    assert exited.value.code == 2
+    assert "--ready-file" in capsys.readouterr().err
+
+
 def test_routes_on_port_zero_may_share_a_host() -> None:
     options = parse_args(["--route", f"a:{ROUTE_TAIL}", "--route", f"b:{ROUTE_TAIL}"])
     assert [r.name for r in options.routes] == ["a", "b"]

@@ -70,9 +70,13 @@ def load_pepper(*, file: Path | None, env: Mapping[str, str] = os.environ) -> by
     """
     if file is not None:
         try:
-            value = file.read_text().strip()
+            value = file.read_text(encoding="utf-8").strip()
         except OSError as err:
             raise ValueError(f"cannot read the key pepper file {file}: {err.strerror}") from None
+        except UnicodeDecodeError as err:
+            raise ValueError(
+                f"the key pepper file {file} is not UTF-8 text (byte {err.start})"
+            ) from None
         source = str(file)
     else:
         value = env.get(PEPPER_ENV, "").strip()

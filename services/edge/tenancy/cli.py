@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 
 import aiohttp
 
+from services.common import cli
 from services.edge.tenancy.tenants import Tier
 
 ADMIN_URL_ENV = "MERIDIAN_ADMIN_URL"
@@ -104,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
         key.add_parser(action).add_argument("key_id")
     rotate = key.add_parser("rotate")
     rotate.add_argument("key_id")
-    rotate.add_argument("--grace-s", type=float, default=0.0)
+    rotate.add_argument("--grace-s", type=cli.non_negative_float, default=0.0)
     return p
 
 
@@ -205,7 +206,7 @@ async def _key(admin: AdminClient, args: argparse.Namespace) -> Any:
 
 def _token(args: argparse.Namespace) -> str:
     if args.admin_token_file is not None:
-        return str(args.admin_token_file.read_text().strip())
+        return cli.read_text(args.admin_token_file, flag="--admin-token-file").strip()
     token = os.environ.get(ADMIN_TOKEN_ENV, "").strip()
     if not token:
         raise ValueError(f"give --admin-token-file or set ${ADMIN_TOKEN_ENV}")

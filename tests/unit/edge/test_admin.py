@@ -10,6 +10,7 @@ import os
 import sys
 import zlib
 from collections.abc import AsyncIterator
+from pathlib import Path
 from typing import Any
 
 import aiohttp
@@ -304,3 +305,27 @@ def test_the_cli_refuses_an_admin_url_that_is_not_http(
         build_keys_parser().parse_args(["--admin-url", url, "tenant", "list"])
     assert exited.value.code == 2
     assert "--admin-url" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("grace", ["nan", "inf", "-1"])
+def test_the_cli_refuses_a_grace_that_is_not_a_finite_non_negative_number(
+    grace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with pytest.raises(SystemExit) as exited:
+        build_keys_parser().parse_args(["key", "rotate", "abc", "--grace-s", grace])
+    assert exited.value.code == 2
+    assert "--grace-s" in capsys.readouterr().err
+
+
+def test_the_cli_names_an_admin_token_file_it_cannot_read(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from services.edge.tenancy.cli import main
+
+    token = tmp_path / "token"
+    token.write_bytes(b"\xff\xfe")
+    assert main(["--admin-token-file", str(token), "tenant", "list"]) == 1
+    err = capsys.readouterr().err
+    assert f"--admin-token-file {token}" in err
+    assert "not UTF-8" in err
+    assert "Traceback" not in err

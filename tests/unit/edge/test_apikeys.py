@@ -68,6 +68,9 @@ def test_the_pepper_comes_from_a_file_or_the_environment_and_errors_never_show_i
     assert secret not in str(missing.value)
     with pytest.raises(ValueError, match="cannot read"):
         load_pepper(file=tmp_path / "absent")
+    (tmp_path / "binary").write_bytes(b"\xff\xfe" + b"x" * 30)
+    with pytest.raises(ValueError, match="not UTF-8 text"):
+        load_pepper(file=tmp_path / "binary")
 
 
 def test_a_key_record_round_trips_through_redis_fields() -> None:
