@@ -20,6 +20,7 @@ from services.edge.stages.validate import RequestLimits
 from tests.integration.conftest import MODEL, Stack
 from tests.support.builders import TEST_ADMIN_TOKEN, edge_config
 from tests.support.inproc import RunningEdge, start_edge
+from tests.support.rawhttp import exchange
 from tests.support.wait import eventually
 
 
@@ -50,16 +51,14 @@ async def chat(edge: RunningEdge, key: str, body: object) -> tuple[int, dict[str
 
 
 async def test_a_body_that_arrives_too_slowly_is_408(strict: RunningEdge, stack: Stack) -> None:
-    port = int(strict.url.rsplit(":", 1)[1])
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(
+    answer = await exchange(
+        strict.url,
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         + f"Authorization: Bearer {stack.key}\r\nContent-Length: 500\r\n\r\n".encode()
-        + b'{"model": '
+        + b'{"model": ',
+        timeout_s=5.0,
     )
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
-    assert head.startswith(b"HTTP/1.1 408")
-    writer.close()
+    assert answer.status == 408
     assert strict.counters.body_timeouts == 1
 
 
@@ -251,19 +250,15 @@ async def test_a_request_too_big_for_a_worker_once_encoded_is_413_and_harms_no_o
 async def test_a_body_declared_over_the_limit_is_413_before_it_is_read(stack: Stack) -> None:
     """Content-Length over the body limit is refused at once: reading up to the limit first
     held such a request (the client sends little) until the body timeout."""
-    port = int(stack.edge.url.rsplit(":", 1)[1])
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(
+    answer = await exchange(
+        stack.edge.url,
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         + f"Authorization: Bearer {stack.key}\r\nContent-Length: 50000000\r\n\r\n".encode()
-        + b'{"model": '
+        + b'{"model": ',
+        timeout_s=5.0,
     )
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5.0)
-    length = int(head.lower().split(b"content-length: ")[1].split(b"\r\n")[0])
-    error = json.loads(await asyncio.wait_for(reader.readexactly(length), 5.0))["error"]
-    writer.close()
-    assert head.startswith(b"HTTP/1.1 413"), head
-    assert "request body is larger than" in error["message"]
+    assert answer.status == 413, answer.head
+    assert "request body is larger than" in json.loads(answer.body)["error"]["message"]
 
 
 async def test_a_large_request_is_parsed_off_the_event_loop_and_served(
@@ -371,12 +366,11 @@ async def test_a_transfer_coding_other_than_chunked_is_501(
 ) -> None:
     """aiohttp de-chunks and ignores any other coding: gzip would reach the parser still
     compressed (RFC 9112: a transfer coding the server does not know is a 501)."""
-    port = int(stack.edge.url.rsplit(":", 1)[1])
     body = json.dumps(
         {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}
     ).encode()
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    writer.write(
+    answer = await exchange(
+        stack.edge.url,
         b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
         + f"Authorization: Bearer {stack.key}\r\n".encode()
         + b"Transfer-Encoding: "
@@ -384,8 +378,6 @@ async def test_a_transfer_coding_other_than_chunked_is_501(
         + b"\r\nConnection: close\r\n\r\n"
         + f"{len(body):x}\r\n".encode()
         + body
-        + b"\r\n0\r\n\r\n"
+        + b"\r\n0\r\n\r\n",
     )
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
-    writer.close()
-    assert head.startswith(b"HTTP/1.1 %d" % status), head
+    assert answer.status == status, answer.head

@@ -20,6 +20,7 @@ from services.worker.sim import SimEngine
 from tests.integration.conftest import MODEL, Stack, sim_config
 from tests.support.builders import TEST_ADMIN_TOKEN, edge_config
 from tests.support.inproc import start_edge, start_router, start_worker, stop_all
+from tests.support.rawhttp import exchange
 
 FORM = {"Content-Type": "application/x-www-form-urlencoded"}
 
@@ -351,18 +352,6 @@ async def test_an_explanation_belongs_to_the_tenant_that_made_the_request(stack:
         assert (await malformed.json())["error"]["param"] == "request_id"
 
 
-async def raw_request(url: str, head: bytes) -> bytes:
-    """The status line and headers the edge answers to ``head`` sent as raw bytes (aiohttp's
-    client will not send header bytes that are not UTF-8)."""
-    host, port = url.removeprefix("http://").rsplit(":", 1)
-    reader, writer = await asyncio.open_connection(host, int(port))
-    try:
-        writer.write(head)
-        return await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
-    finally:
-        writer.close()
-
-
 async def test_a_sign_in_form_with_extra_fields_is_denied_not_a_500(stack: Stack) -> None:
     async with browserlike() as http:
         resp = await http.post(
@@ -377,12 +366,12 @@ async def test_a_sign_in_form_with_extra_fields_is_denied_not_a_500(stack: Stack
 
 async def test_a_console_cookie_that_is_not_utf8_is_no_session_not_a_500(stack: Stack) -> None:
     for path in (b"/console", b"/console/events"):
-        head = await raw_request(
+        answer = await exchange(
             stack.edge.url,
             b"GET " + path + b" HTTP/1.1\r\nHost: x\r\nCookie: meridian_console=\xff\xfe\xc3\r\n"
             b"Connection: close\r\n\r\n",
         )
-        assert head.startswith(b"HTTP/1.1 401"), head
+        assert answer.status == 401, answer.head
 
 
 async def test_an_explanation_id_with_a_trailing_newline_is_400(stack: Stack) -> None:

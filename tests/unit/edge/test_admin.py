@@ -21,6 +21,7 @@ from services.common.net import free_port
 from services.edge.tenancy.cli import build_parser as build_keys_parser
 from tests.support.builders import TEST_ADMIN_TOKEN
 from tests.support.inproc import RunningEdge, start_edge
+from tests.support.rawhttp import exchange
 from tests.support.wait import eventually
 
 AUTH = {"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"}
@@ -69,16 +70,13 @@ async def test_the_admin_api_needs_the_admin_token(
 async def test_an_authorization_header_that_is_not_utf8_is_401_not_a_500(
     edge: RunningEdge,
 ) -> None:
-    host, port = edge.admin_url.removeprefix("http://").rsplit(":", 1)
-    reader, writer = await asyncio.open_connection(host, int(port))
-    writer.write(
+    answer = await exchange(
+        edge.admin_url,
         b"GET /admin/tenants HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer \xff\xfe\xc3abcdef\r\n"
-        b"Connection: close\r\n\r\n"
+        b"Connection: close\r\n\r\n",
     )
-    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10.0)
-    body = await asyncio.wait_for(reader.read(), 10.0)
-    writer.close()
-    assert head.startswith(b"HTTP/1.1 401"), head
+    assert answer.status == 401, answer.head
+    body = answer.body
     assert json.loads(body)["error"]["code"] == "invalid_admin_token"
 
 
