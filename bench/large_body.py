@@ -1,6 +1,6 @@
 """How long one large chat request holds the edge's event loop: the longest gap a 1 ms
 ticker on the loop sees while the request is parsed and checked on the loop (as before) and
-in the parse thread (services/edge/stages/validate.py), in process (prints only).
+in the offload thread (services/edge/offload.py), in process (prints only).
 
     .venv/bin/python -m bench.large_body [--tools 128] [--properties 500] [--repeats 3]
 
@@ -86,12 +86,50 @@ async def main() -> None:
         await validate._accept_off_loop(raw, new_ctx())
 
     print(f"body: {len(raw):,} bytes ({args.tools} tools x {args.properties} properties)")
-    print(f"{'where':<14} {'longest loop gap ms':>20} {'parse wall ms':>14}")
-    for name, work in (("on the loop", on_loop), ("parse thread", off_loop)):
+    print(f"{'where':<15} {'longest loop gap ms':>20} {'parse wall ms':>14}")
+    for name, work in (("on the loop", on_loop), ("offload thread", off_loop)):
         runs = [await longest_gap_ms(work) for _ in range(args.repeats)]
         gap = min(r[0] for r in runs)
         wall = min(r[1] for r in runs)
-        print(f"{name:<14} {gap:>20.1f} {wall:>14.1f}")
+        print(f"{name:<15} {gap:>20.1f} {wall:>14.1f}")
+
+    answer = big_answer()
+
+    async def encode_on_loop() -> None:
+        json.dumps(answer).encode()
+
+    async def encode_off_loop() -> None:
+        await off_loop_encode(answer)
+
+    print(
+        f"answer: {len(json.dumps(answer)):,} bytes (16 choices x 2,000 tokens x 20 top logprobs)"
+    )
+    print(f"{'where':<15} {'longest loop gap ms':>20} {'encode wall ms':>14}")
+    for name, work in (("on the loop", encode_on_loop), ("offload thread", encode_off_loop)):
+        runs = [await longest_gap_ms(work) for _ in range(args.repeats)]
+        print(f"{name:<15} {min(r[0] for r in runs):>20.1f} {min(r[1] for r in runs):>14.1f}")
+
+
+def big_answer() -> dict[str, Any]:
+    """The shape of a non-streaming chat answer with n=16, 2,000 tokens, top_logprobs=20."""
+    alt = {"token": "abc", "logprob": -1.2345, "bytes": [97, 98, 99]}
+    entry = {**alt, "top_logprobs": [alt] * 20}
+    return {
+        "choices": [
+            {
+                "index": i,
+                "message": {"content": "x" * 8000},
+                "logprobs": {"content": [entry] * 2000},
+            }
+            for i in range(16)
+        ]
+    }
+
+
+async def off_loop_encode(answer: dict[str, Any]) -> bytes:
+    from services.edge.offload import json_bytes, off_loop
+
+    return await off_loop(json_bytes, answer)
 
 
 if __name__ == "__main__":

@@ -264,7 +264,7 @@ async def test_a_body_declared_over_the_limit_is_413_before_it_is_read(stack: St
 async def test_a_large_request_is_parsed_off_the_event_loop_and_served(
     stack: Stack, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A body of ~800 KB of tool schemas takes the parse thread, not the event loop (there,
+    """A body of ~800 KB of tool schemas takes the offload thread, not the event loop (there,
     a few megabytes stalled every other stream of the process for a second), and reaches the
     worker from its prebuilt payload."""
     from services.edge.dialects.chat import ChatDialect
@@ -305,7 +305,7 @@ async def test_a_large_request_is_parsed_off_the_event_loop_and_served(
     assert answers[1][0] == 200, answers[1]
     assert (answers[2][0], answers[2][1]["error"]["param"]) == (400, "n")
     assert stack.edge.counters.invalid_requests == before + 1  # counted in the thread, kept
-    assert [t.startswith("edge-parse") for t in threads] == [True, False, True]
+    assert [t.startswith("edge-offload") for t in threads] == [True, False, True]
 
 
 @pytest.mark.parametrize(
@@ -381,3 +381,43 @@ async def test_a_transfer_coding_other_than_chunked_is_501(
         + b"\r\n0\r\n\r\n",
     )
     assert answer.status == status, answer.head
+
+
+async def test_a_large_non_streaming_answer_is_built_off_the_event_loop(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Sixteen choices of 2,000 tokens with twenty alternatives each are 60 MB of JSON and
+    seconds of Python: built and encoded on the loop, they stalled every other client of the
+    edge for as long. The answer is the same either way."""
+    from services.edge.stages import stream
+
+    threads: list[str] = []
+    build = stream.completion_body  # type: ignore[attr-defined]
+
+    def spy(*args: object, **kwargs: object) -> dict[str, object]:
+        threads.append(threading.current_thread().name)
+        return build(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(stream, "completion_body", spy)
+    asks = [
+        {"max_tokens": 200, "n": 2, "logprobs": True, "top_logprobs": 20, "ignore_eos": True},
+        {"max_tokens": 4, "logprobs": True, "top_logprobs": 2},
+    ]
+    for ask in asks:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.post(
+                f"{stack.edge.url}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {stack.key}"},
+                json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}], **ask},
+            ) as resp,
+        ):
+            assert resp.status == 200, await resp.text()
+            answer = await resp.json()
+        assert len(answer["choices"]) == ask.get("n", 1)
+        for c in answer["choices"]:
+            assert len(c["logprobs"]["content"]) == ask["max_tokens"]
+            assert all(
+                len(e["top_logprobs"]) == ask["top_logprobs"] for e in c["logprobs"]["content"]
+            )
+    assert [t.startswith("edge-offload") for t in threads] == [True, False]

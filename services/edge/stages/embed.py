@@ -15,6 +15,7 @@ from services.common.logs import event
 from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
 from services.edge.observability import EdgeTelemetry
+from services.edge.offload import json_answer
 from services.edge.render_embedding import embeddings_body
 from services.edge.upstream.embed import embed_with_failover
 from services.edge.upstream.failover import FailoverPolicy, OutcomeSink
@@ -104,11 +105,11 @@ class Embed:
             prompt_tokens=tokens,
             duration_ms=round((time.monotonic() - ctx.started) * 1000, 2),
         )
-        payload = embeddings_body(
-            model=body.model, response=resp, encoding_format=body.encoding_format
-        )
-        return web.json_response(
-            payload,
+        return await json_answer(
+            lambda: embeddings_body(
+                model=body.model, response=resp, encoding_format=body.encoding_format
+            ),
+            items=sum(len(e.values) for e in resp.embeddings),
             headers={
                 **ctx.headers,
                 "x-meridian-region": done.candidate.region,

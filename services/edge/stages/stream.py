@@ -42,6 +42,7 @@ from services.edge.migration.driver import MigratingStream
 from services.edge.migration.policy import MigrationPolicy
 from services.edge.migration.refusal import migration_refusal
 from services.edge.observability import EdgeTelemetry
+from services.edge.offload import answer_items, json_answer
 from services.edge.openai_types import ChatCompletionRequest, now_s
 from services.edge.protocol import GuardedRequestHandler
 from services.edge.render import (
@@ -63,6 +64,14 @@ log = logging.getLogger("meridian.edge")
 #: Below this many unsent bytes a write does not wait for the client (aiohttp/uvloop pause
 #: writing at 64 KiB).
 _BACKED_UP_BYTES = 32 * 1024
+
+
+def _answer_items(body: ChatCompletionRequest, last: worker_pb2.GenerateChunk) -> int:
+    return answer_items(
+        last.usage.completion_tokens,
+        logprobs=bool(body.logprobs),
+        top_logprobs=body.top_logprobs or 0,
+    )
 
 
 class FleetView(Protocol):
@@ -230,19 +239,21 @@ class Stream:
             stream.cancel()
         self._log_done(ctx, stream, last)
         self._counters.completions += 1
-        payload = completion_body(
-            completion_id=ctx.request_id,
-            model=body.model,
-            created=now_s(),
-            fingerprint=_fingerprint(stream.current),
-            text="".join(text),
-            finish=FINISH_REASONS.get(last.finish_reason, "stop"),
-            usage=last.usage,
-            logprobs=logprobs,
-            extension=_extension(stream),
-        )
-        return web.json_response(
-            payload, headers={**ctx.headers, **_route_headers(stream.current, stream)}
+        created, fingerprint, extension = now_s(), _fingerprint(stream.current), _extension(stream)
+        return await json_answer(
+            lambda: completion_body(
+                completion_id=ctx.request_id,
+                model=body.model,
+                created=created,
+                fingerprint=fingerprint,
+                text="".join(text),
+                finish=FINISH_REASONS.get(last.finish_reason, "stop"),
+                usage=last.usage,
+                logprobs=logprobs,
+                extension=extension,
+            ),
+            items=_answer_items(body, last),
+            headers={**ctx.headers, **_route_headers(stream.current, stream)},
         )
 
     async def _complete_choices(
@@ -267,20 +278,22 @@ class Stream:
         self._log_done(ctx, stream, last, tool_calls=choices.tool_calls())
         self._note_tool_calls(choices.tool_calls())
         self._counters.completions += 1
-        payload = completion_body(
-            completion_id=ctx.request_id,
-            model=body.model,
-            created=now_s(),
-            fingerprint=_fingerprint(stream.current),
-            text="",
-            finish="stop",
-            usage=last.usage,
-            logprobs=None,
-            choices=choices.choices(),
-            extension=_extension(stream),
-        )
-        return web.json_response(
-            payload, headers={**ctx.headers, **_route_headers(stream.current, stream)}
+        created, fingerprint, extension = now_s(), _fingerprint(stream.current), _extension(stream)
+        return await json_answer(
+            lambda: completion_body(
+                completion_id=ctx.request_id,
+                model=body.model,
+                created=created,
+                fingerprint=fingerprint,
+                text="",
+                finish="stop",
+                usage=last.usage,
+                logprobs=None,
+                choices=choices.choices(),
+                extension=extension,
+            ),
+            items=_answer_items(body, last),
+            headers={**ctx.headers, **_route_headers(stream.current, stream)},
         )
 
     async def _stream(

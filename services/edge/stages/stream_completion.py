@@ -22,6 +22,7 @@ from meridian.v1 import worker_pb2
 from services.common.errors import MeridianError, Unavailable
 from services.common.logs import event
 from services.edge.context import ChatContext
+from services.edge.offload import answer_items, json_answer
 from services.edge.openai_completions import CompletionRequest
 from services.edge.openai_types import now_s
 from services.edge.render import FINISH_REASONS, SSE_DONE, SSE_KEEPALIVE, sse_data
@@ -155,23 +156,31 @@ class CompletionStream(Stream):
         for c in choices:
             self._log_done(ctx, c.upstream, c.last)
         self._counters.completions += 1
-        payload = completion_body(
-            completion_id=ctx.request_id,
-            model=body.model,
-            created=now_s(),
-            fingerprint=_fingerprint(upstreams[0]),
-            choices=[
-                choice(
-                    index=c.index,
-                    text="".join(c.text),
-                    logprobs=c.logprobs.as_dict() if c.logprobs is not None else None,
-                    finish=c.finish(),
-                )
-                for c in choices
-            ],
-            usage=_summed(choices),
+        created, usage = now_s(), _summed(choices)
+        return await json_answer(
+            lambda: completion_body(
+                completion_id=ctx.request_id,
+                model=body.model,
+                created=created,
+                fingerprint=_fingerprint(upstreams[0]),
+                choices=[
+                    choice(
+                        index=c.index,
+                        text="".join(c.text),
+                        logprobs=c.logprobs.as_dict() if c.logprobs is not None else None,
+                        finish=c.finish(),
+                    )
+                    for c in choices
+                ],
+                usage=usage,
+            ),
+            items=answer_items(
+                usage.completion_tokens + (usage.prompt_tokens if body.echo else 0),
+                logprobs=body.logprobs is not None,
+                top_logprobs=body.logprobs or 0,
+            ),
+            headers={**ctx.headers, **_route_headers(upstreams[0])},
         )
-        return web.json_response(payload, headers={**ctx.headers, **_route_headers(upstreams[0])})
 
     async def _stream_all(
         self,

@@ -7,9 +7,7 @@ estimate, session id)."""
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import re
-from concurrent.futures import ThreadPoolExecutor
 
 from aiohttp import web
 
@@ -19,20 +17,17 @@ from services.edge.counters import EdgeCounters
 from services.edge.dialects.base import Dialect
 from services.edge.dialects.chat import CHAT
 from services.edge.httperrors import RequestTimeout, UnsupportedCharset
+from services.edge.offload import off_loop
 from services.edge.pipeline import Next
 from services.edge.request_body import content_coding, decode_body
 from services.edge.request_limits import RequestLimits
 
 __all__ = ["RequestLimits", "Validate", "session_id"]
 
-#: Bodies bigger than this are parsed in the parse thread, not on the event loop. Parsing
-#: and checking a few megabytes of tool schemas is pure Python for a second or more; on the
-#: loop, every other stream of this process would stall for as long. In the thread, the loop
-#: still gets the interpreter every few milliseconds (the longest single hold measured: one
-#: ``json.loads`` of the whole body, ~80 ms for 3 MB; bench/README.md).
+#: Bodies bigger than this are parsed in the offload thread (services/edge/offload.py), not
+#: on the event loop: parsing and checking a few megabytes of tool schemas is pure Python for
+#: a second or more, and every other stream of this process would stall for as long.
 PARSE_OFF_LOOP_BYTES = 64 * 1024
-#: One thread: large requests queue behind each other, never ahead of everyone else's.
-_PARSER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edge-parse")
 
 
 class Validate:
@@ -74,12 +69,8 @@ class Validate:
 
     async def _accept_off_loop(self, raw: bytes, ctx: ChatContext) -> str:
         counted = EdgeCounters()
-        run = contextvars.copy_context().run
-        loop = asyncio.get_running_loop()
         try:
-            return await loop.run_in_executor(
-                _PARSER, run, self._dialect.accept, raw, ctx, self._limits, counted
-            )
+            return await off_loop(self._dialect.accept, raw, ctx, self._limits, counted)
         finally:
             self._counters.add(counted)
 
