@@ -29,11 +29,12 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
+import redis.exceptions
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from services.common.errors import AuthenticationFailed, InvalidRequest
+from services.common.errors import AuthenticationFailed, InvalidRequest, Unavailable
 from services.common.httpapp import hide_version_banner
 from services.edge.counters import EdgeCounters
 from services.edge.middleware.error_boundary import error_boundary, expect_handler
@@ -77,6 +78,18 @@ def token_digest(token: str) -> bytes:
     if len(token) < MIN_ADMIN_TOKEN_CHARS:
         raise ValueError(f"the admin token must be at least {MIN_ADMIN_TOKEN_CHARS} characters")
     return hashlib.sha256(token.encode()).digest()
+
+
+@web.middleware
+async def redis_unavailable(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """Redis down or hung: the admin API answers 503 with Retry-After (it was a 500 and a
+    traceback), as the console does; the chat API is unaffected."""
+    try:
+        return await handler(request)
+    except (redis.exceptions.RedisError, OSError):
+        raise Unavailable(
+            "The admin API cannot reach Redis right now; try again shortly.", retry_after_s=2.0
+        ) from None
 
 
 @web.middleware
@@ -192,7 +205,10 @@ async def revoke_key(request: web.Request) -> web.Response:
 
 def build_admin_app(deps: AdminDeps) -> web.Application:
     app = hide_version_banner(
-        web.Application(middlewares=[error_boundary, admin_auth], client_max_size=_MAX_BODY)
+        web.Application(
+            middlewares=[error_boundary, admin_auth, redis_unavailable],
+            client_max_size=_MAX_BODY,
+        )
     )
     app[ADMIN] = deps
     r = app.router

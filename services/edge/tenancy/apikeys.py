@@ -99,6 +99,7 @@ class KeyRecord:
     expires_ms: int | None = None  # set by rotation with a grace period, or at creation
     revoked_ms: int | None = None
     limits: Limits | None = field(default=None)  # overrides the tenant's per-key limits
+    rotated_to: str = ""  # the key id of its successor, once rotated (a key rotates once)
 
     def usable(self, now_ms: int) -> bool:
         if self.revoked_ms is not None:
@@ -114,6 +115,8 @@ class KeyRecord:
             out["revoked_ms"] = str(self.revoked_ms)
         if self.limits is not None:
             out["limits"] = self.limits.model_dump_json()
+        if self.rotated_to:
+            out["rotated_to"] = self.rotated_to
         return out
 
     @classmethod
@@ -137,6 +140,7 @@ class KeyRecord:
             expires_ms=number("expires_ms"),
             revoked_ms=number("revoked_ms"),
             limits=Limits.model_validate_json(limits) if limits else None,
+            rotated_to=text("rotated_to"),
         )
 
     def public(self) -> dict[str, object]:
@@ -149,4 +153,5 @@ class KeyRecord:
             "expires_ms": self.expires_ms,
             "revoked_ms": self.revoked_ms,
             "limits": self.limits.model_dump() if self.limits else None,
+            "rotated_to": self.rotated_to or None,
         }

@@ -227,16 +227,34 @@ class Directory:
         return await self.get_key(key_id)
 
     async def rotate_key(self, key_id: str, *, grace_s: float = 0.0) -> tuple[str, KeyRecord]:
-        """A new key with the old one's tenant, name and limits; the old one stops working
-        after ``grace_s`` (0: at once), so clients can switch without an outage."""
+        """A new key with the old one's tenant, name, limits and expiry; the old one stops
+        working after ``grace_s`` (0: at once) or at its own expiry, whichever is first, so
+        clients can switch without an outage — and rotation never lengthens a key's life.
+
+        A key rotates once: a second rotation (during the grace period, or racing the first)
+        is a 409 naming its successor, not one more live key and a later end each time."""
         if not 0 <= grace_s <= MAX_GRACE_S:
             raise InvalidRequest(f"grace_s must be 0..{MAX_GRACE_S}", param="grace_s")
         old = await self.get_key(key_id)
         if not old.usable(self._now_ms()):
             raise InvalidRequest(f"key {key_id!r} is already revoked or expired", param="key_id")
-        raw, new = await self.create_key(old.tenant, name=old.name, limits=old.limits)
+        digest = await self._digest_of(key_id)
+        claimed = await self._redis.hsetnx(_apikey(digest), "rotated_to", "pending")
+        if not claimed or old.rotated_to:
+            current = await self.get_key(key_id)
+            raise Conflict(
+                f"key {key_id!r} was already rotated (to {current.rotated_to!r})",
+                param="key_id",
+            )
+        raw, new = await self.create_key(
+            old.tenant, name=old.name, limits=old.limits, expires_ms=old.expires_ms
+        )
+        await self._redis.hset(_apikey(digest), "rotated_to", new.key_id)
         if grace_s == 0:
             await self.revoke_key(key_id)
         else:
-            await self._end_key(key_id, revoke=False, at_ms=self._now_ms() + int(grace_s * 1000))
+            ends = self._now_ms() + int(grace_s * 1000)
+            if old.expires_ms is not None:
+                ends = min(ends, old.expires_ms)
+            await self._end_key(key_id, revoke=False, at_ms=ends)
         return raw, new

@@ -7,6 +7,7 @@ import asyncio
 import gzip
 import json
 import os
+import signal
 import sys
 import zlib
 from collections.abc import AsyncIterator
@@ -22,6 +23,7 @@ from services.edge.tenancy.cli import build_parser as build_keys_parser
 from tests.support.builders import TEST_ADMIN_TOKEN
 from tests.support.inproc import RunningEdge, start_edge
 from tests.support.rawhttp import exchange
+from tests.support.redis_proc import RedisProcess
 from tests.support.wait import eventually
 
 AUTH = {"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"}
@@ -327,3 +329,28 @@ def test_the_cli_names_an_admin_token_file_it_cannot_read(
     assert f"--admin-token-file {token}" in err
     assert "not UTF-8" in err
     assert "Traceback" not in err
+
+
+async def test_a_hung_redis_makes_the_admin_api_503_not_500(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Redis stopped (SIGSTOP: connections accepted, nothing answered): the admin API says
+    503 with Retry-After, as the console does — it was a 500 and a traceback."""
+    server = RedisProcess(tmp_path / "redis")
+    server.start()
+    edge = await start_edge(redis_url=server.url, router_address=f"127.0.0.1:{free_port()}")
+    try:
+        assert (await call(edge, "GET", "/admin/tenants"))[0] == 200
+        assert server.proc is not None
+        server.proc.send_signal(signal.SIGSTOP)
+        try:
+            status, body, headers = await call(edge, "GET", "/admin/tenants")
+        finally:
+            server.proc.send_signal(signal.SIGCONT)
+        assert status == 503, body
+        assert body["error"]["type"] == "service_unavailable"
+        assert int(headers["Retry-After"]) >= 1
+        assert [r for r in caplog.records if r.exc_info] == []
+    finally:
+        await edge.stop()
+        server.stop()

@@ -122,6 +122,27 @@ async def test_rotation_makes_a_twin_key_and_ends_the_old_one(
         await directory.rotate_key(newest.key_id, grace_s=-1)
 
 
+async def test_rotation_never_lengthens_a_key_s_life_and_happens_once(
+    directory: Directory, clock: ManualClock
+) -> None:
+    """The successor keeps the key's expiry (it was made without one: never expiring); the old
+    key ends at the earlier of its expiry and the grace; a second rotation during the grace
+    is a 409 (each one made another live key and pushed the old one's end further out)."""
+    await directory.create_tenant(Tenant(tenant_id="acme"))
+    now_ms = int(clock.time() * 1000)
+    _, old = await directory.create_key("acme", expires_ms=now_ms + 3_000)
+    _, new = await directory.rotate_key(old.key_id, grace_s=3600)
+    assert new.expires_ms == now_ms + 3_000
+    ended = await directory.get_key(old.key_id)
+    assert ended.expires_ms == now_ms + 3_000  # not now + 3600 s
+    assert ended.rotated_to == new.key_id
+    assert ended.public()["rotated_to"] == new.key_id
+    with pytest.raises(Conflict, match=new.key_id):
+        await directory.rotate_key(old.key_id, grace_s=3600)
+    assert (await directory.get_key(old.key_id)).expires_ms == now_ms + 3_000
+    assert len(await directory.list_keys("acme")) == 2  # no third key
+
+
 async def test_deleting_a_tenant_revokes_its_keys(directory: Directory) -> None:
     await directory.create_tenant(Tenant(tenant_id="acme"))
     _, record = await directory.create_key("acme")
