@@ -11,11 +11,22 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    field_validator,
+    model_validator,
+)
 
 from services.common import limits
 from services.common.errors import InvalidRequest
 from services.edge.openai_types import (
+    A_NUMBER,
+    MAX_LOGIT_BIAS,
     VALID_UNICODE,
     ModelName,
     Penalty,
@@ -64,6 +75,22 @@ class _ElementError(ValueError):
         self.index = index
 
 
+#: Chat-only request fields, refused by name on /v1/completions (a raw prompt has no tools,
+#: no response format, no messages).
+_CHAT_ONLY = (
+    "messages",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+    "functions",
+    "function_call",
+    "response_format",
+    "audio",
+    "modalities",
+    "prediction",
+)
+
+
 class CompletionRequest(BaseModel):
     """POST /v1/completions (OpenAI's legacy text completions)."""
 
@@ -105,7 +132,25 @@ class CompletionRequest(BaseModel):
         Annotated[StrictStr, Field(max_length=limits.MAX_CONTENT_CHARS), VALID_UNICODE] | None
     ) = None
     user: Annotated[StrictStr, Field(max_length=256), VALID_UNICODE] | None = None
+    logit_bias: (
+        Annotated[dict[str, Annotated[float, A_NUMBER]], Field(max_length=MAX_LOGIT_BIAS)] | None
+    ) = None
     ignore_eos: StrictBool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_chat_fields(cls, data: Any) -> Any:
+        # Chat's fields on a raw prompt would be dropped without a word: name the first.
+        if isinstance(data, dict):
+            for name in _CHAT_ONLY:
+                if data.get(name) is not None:  # raised as it is: pydantic wraps only ValueError
+                    raise InvalidRequest(
+                        f"Unsupported parameter: '{name}' is for /v1/chat/completions, "
+                        "not /v1/completions.",
+                        param=name,
+                        code="unsupported_parameter",
+                    )
+        return data
 
     @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", mode="before")
     @classmethod

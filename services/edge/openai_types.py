@@ -359,8 +359,7 @@ class ChatCompletionRequest(BaseModel):
         return not self.tools and self.response_format_type() == "text" and self.choices() == 1
 
     def logit_bias_pairs(self) -> list[tuple[int, float]]:
-        """``logit_bias`` with its keys as token ids (checked by :func:`check_features`)."""
-        return [(int(k), v) for k, v in (self.logit_bias or {}).items()]
+        return logit_bias_pairs(self.logit_bias)
 
 
 _BRANCH_LABELS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
@@ -513,6 +512,26 @@ def _check_schema(schema: dict[str, Any], param: str) -> None:
         ) from None
 
 
+def check_logit_bias(bias: dict[str, float] | None) -> None:
+    """Keys token ids (ASCII digits, under 2**32), values in [-100, 100] (chat, completions)."""
+    for key, value in (bias or {}).items():
+        if not (key.isascii() and key.isdigit()) or int(key) >= 2**32:
+            raise InvalidRequest(
+                f"logit_bias keys must be token ids (non-negative integers), got {key!r}",
+                param="logit_bias",
+            )
+        if not -100.0 <= value <= 100.0:
+            raise InvalidRequest(
+                f"logit_bias values must be between -100 and 100, got {value}",
+                param=f"logit_bias.{key}",
+            )
+
+
+def logit_bias_pairs(bias: dict[str, float] | None) -> list[tuple[int, float]]:
+    """``logit_bias`` with its keys as token ids (checked by :func:`check_logit_bias`)."""
+    return [(int(k), v) for k, v in (bias or {}).items()]
+
+
 def check_features(req: ChatCompletionRequest) -> None:
     """Cross-field checks of tools, tool messages, response_format and logit_bias."""
     names: set[str] = set()
@@ -571,17 +590,7 @@ def check_features(req: ChatCompletionRequest) -> None:
                 param="response_format.json_schema.schema",
             )
         _check_schema(fmt.json_schema.schema_, "response_format.json_schema.schema")
-    for key, bias in (req.logit_bias or {}).items():
-        if not (key.isascii() and key.isdigit()) or int(key) >= 2**32:
-            raise InvalidRequest(
-                f"logit_bias keys must be token ids (non-negative integers), got {key!r}",
-                param="logit_bias",
-            )
-        if isinstance(bias, bool) or not -100.0 <= bias <= 100.0:
-            raise InvalidRequest(
-                f"logit_bias values must be between -100 and 100, got {bias}",
-                param=f"logit_bias.{key}",
-            )
+    check_logit_bias(req.logit_bias)
     if (
         req.min_tokens is not None
         and (cap := req.effective_max_tokens()) is not None

@@ -194,6 +194,14 @@ async def test_streamed_choices_of_several_prompts_carry_their_index(stack: Stac
         ({"prompt": []}, "prompt"),
         ({}, "prompt"),
         ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "x", "logit_bias": "garbage"}, "logit_bias"),
+        ({"prompt": "x", "logit_bias": {"a": 1}}, "logit_bias"),
+        ({"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias.5"),
+        ({"prompt": "x", "logit_bias": {"5": "1"}}, "logit_bias.5"),
+        ({"prompt": "x", "tools": [{"type": "function"}]}, "tools"),
+        ({"prompt": "x", "response_format": {"type": "json_object"}}, "response_format"),
+        ({"prompt": "x", "functions": [1]}, "functions"),
+        ({"prompt": "x", "messages": [{"role": "user", "content": "hi"}]}, "messages"),
     ],
 )
 async def test_bad_completion_requests_are_400s_naming_the_field(

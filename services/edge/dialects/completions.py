@@ -12,6 +12,7 @@ from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
 from services.edge.dialects.base import base_route_request, parse_body
 from services.edge.openai_completions import CompletionRequest
+from services.edge.openai_types import check_logit_bias
 from services.edge.prompt import estimate_text_tokens, text_prefix_hashes
 from services.edge.request_limits import RequestLimits
 
@@ -37,6 +38,7 @@ class CompletionsDialect:
     ) -> str:
         try:
             body = parse_body(raw, CompletionRequest)
+            check_logit_bias(body.logit_bias)
             prompts = body.prompts(self._max_prompts)
             if body.stream_options is not None and not body.stream:
                 raise InvalidRequest(

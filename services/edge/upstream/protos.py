@@ -22,6 +22,7 @@ from services.edge.openai_types import (
     JsonObjectFormat,
     JsonSchemaFormat,
     NamedToolChoice,
+    logit_bias_pairs,
 )
 
 
@@ -104,6 +105,8 @@ def completion_request(
     s.logprobs = body.logprobs is not None
     s.top_logprobs = body.logprobs or 0
     s.ignore_eos = body.ignore_eos
+    for token, bias in logit_bias_pairs(body.logit_bias):
+        s.logit_bias[token] = bias
     return req
 
 

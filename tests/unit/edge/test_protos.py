@@ -98,3 +98,16 @@ def test_a_prebuilt_payload_makes_the_same_generate_request() -> None:
     assert a.tools == b.tools
     assert a.tools is not b.tools
     assert len(ctx.chat_payload.tools) == 1  # merging did not grow the payload
+
+
+def test_a_completion_request_carries_its_logit_bias() -> None:
+    from services.edge.dialects.base import parse_body
+    from services.edge.openai_completions import CompletionRequest
+
+    ctx = context()
+    ctx.completion = parse_body(
+        json.dumps({"model": "m", "prompt": "x", "logit_bias": {"77": 5, "3": -100}}).encode(),
+        CompletionRequest,
+    )
+    req = protos.completion_request(ctx, "x", request_id="cmpl-1", decision_id="d1")
+    assert dict(req.sampling.logit_bias) == {77: 5.0, 3: -100.0}
