@@ -13,6 +13,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     StrictBool,
@@ -28,6 +29,7 @@ from services.edge.openai_types import (
     A_NUMBER,
     MAX_LOGIT_BIAS,
     VALID_UNICODE,
+    Flag,
     ModelName,
     Penalty,
     Probability,
@@ -98,7 +100,7 @@ class CompletionRequest(BaseModel):
 
     model: ModelName
     prompt: Any
-    stream: StrictBool = False
+    stream: Flag = False
     stream_options: StreamOptions | None = None
     # Left out: 16, as OpenAI's and vLLM's completions default; null: up to the context length.
     max_tokens: Annotated[StrictInt, Field(ge=1, le=limits.MAX_TOKENS_CEILING)] | None = (
@@ -179,7 +181,9 @@ class EmbeddingRequest(BaseModel):
 
     model: ModelName
     input: Any
-    encoding_format: Literal["float", "base64"] = "float"
+    encoding_format: Annotated[
+        Literal["float", "base64"], BeforeValidator(lambda v: "float" if v is None else v)
+    ] = "float"
     dimensions: Annotated[StrictInt, Field(ge=1, le=65536)] | None = None
     user: Annotated[StrictStr, Field(max_length=256), VALID_UNICODE] | None = None
 

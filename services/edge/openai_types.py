@@ -210,6 +210,14 @@ def _a_number(v: Any) -> Any:
 
 
 A_NUMBER = BeforeValidator(_a_number)
+
+
+def _null_is_false(v: Any) -> Any:
+    return False if v is None else v
+
+
+#: A flag OpenAI's API also takes as ``null`` (the SDKs send it for "not given").
+Flag = Annotated[StrictBool, BeforeValidator(_null_is_false)]
 #: OpenAI's ``metadata``: at most 16 pairs, keys up to 64 characters, values up to 512.
 Metadata = Annotated[
     dict[
@@ -248,7 +256,7 @@ class ChatCompletionRequest(BaseModel):
 
     model: ModelName
     messages: Annotated[list[ChatMessageIn], Field(min_length=1, max_length=limits.MAX_MESSAGES)]
-    stream: StrictBool = False
+    stream: Flag = False
     stream_options: StreamOptions | None = None
     max_tokens: Annotated[StrictInt, Field(ge=1, le=limits.MAX_TOKENS_CEILING)] | None = None
     max_completion_tokens: (

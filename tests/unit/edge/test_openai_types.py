@@ -326,3 +326,19 @@ def test_openai_fields_without_effect_here_are_accepted_when_well_formed() -> No
         )
     )
     assert req.logit_bias_pairs() == [(50, -100.0), (7, 2.5)]
+
+
+def test_null_for_stream_and_encoding_format_means_the_default_as_openai_takes_it() -> None:
+    from services.edge.dialects.base import parse_body
+    from services.edge.openai_completions import CompletionRequest, EmbeddingRequest
+
+    assert parse_chat_request(body(stream=None)).stream is False
+    completion = parse_body(b'{"model": "m", "prompt": "x", "stream": null}', CompletionRequest)
+    assert completion.stream is False
+    embedding = parse_body(
+        b'{"model": "m", "input": "x", "encoding_format": null}', EmbeddingRequest
+    )
+    assert embedding.encoding_format == "float"
+    with pytest.raises(InvalidRequest) as err:
+        parse_chat_request(body(stream="yes"))
+    assert err.value.param == "stream"
