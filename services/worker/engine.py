@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from services.common.capabilities import CHAT_ONLY, Capabilities
+from services.common.errors import InvalidRequest
 
 if TYPE_CHECKING:
     from opentelemetry.metrics import Meter
@@ -309,3 +310,15 @@ class Engine(Protocol):
     async def abort(self, request_id: str) -> None: ...
 
     async def embed(self, request: EmbedRequest) -> EmbedResult: ...
+
+
+def check_min_tokens(min_tokens: int | None, max_tokens: int) -> None:
+    """``min_tokens`` that cannot fit the completion's budget (its max_tokens, or the room the
+    context leaves when none is set) is a 400: generating to the end of the context and then
+    stopping short of it would honour neither (engines refuse it the same way)."""
+    if min_tokens is not None and min_tokens > max_tokens:
+        raise InvalidRequest(
+            f"min_tokens ({min_tokens}) is more than this completion may generate "
+            f"({max_tokens} tokens: its max_tokens, or what the context leaves)",
+            param="min_tokens",
+        )

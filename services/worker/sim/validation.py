@@ -34,6 +34,7 @@ from services.worker.engine import (
     ResumeInput,
     SamplingOptions,
     TokenLogprob,
+    check_min_tokens,
 )
 from services.worker.sim.config import SimConfig
 from services.worker.sim.script import build_script, needs_script
@@ -165,6 +166,7 @@ def build_sequence(
     else:
         seed = seed_for("request", request.seed_id)
     max_tokens = sampling.max_tokens if sampling.max_tokens is not None else room
+    check_min_tokens(sampling.min_tokens, max_tokens)
     # The script is built here, on the event loop, before anything is queued: its work is
     # bounded by the request's token budget, whatever the schema asks for.
     script = build_script(request, seed, max_tokens=max_tokens) if needs_script(request) else None

@@ -75,6 +75,7 @@ from services.worker.engine import (
     RawPrompt,
     SamplingOptions,
     TokenLogprob,
+    check_min_tokens,
 )
 from services.worker.gpu import GpuMonitor
 from services.worker.resume_text import ContinuedText
@@ -361,6 +362,7 @@ class VllmEngine:
                 max_tokens=request.sampling.max_tokens,
                 where=where,
             )
+            check_min_tokens(request.sampling.min_tokens, max_tokens)
             resume = request.resume
             continued: tuple[TokenText, ContinuedText] | None = None
             carried: list[int] = []

@@ -93,3 +93,12 @@ def test_context_errors_are_invalid_requests_with_the_context_code() -> None:
 )
 def test_boundary_values_are_accepted(good: EngineRequest) -> None:
     SimScheduler(CONFIG).add(good, 0.0)
+
+
+def test_min_tokens_beyond_what_the_context_leaves_is_refused_naming_it() -> None:
+    """Without max_tokens the budget is what the context leaves (128 - 6 here): a min_tokens
+    above it ran to the end of the context and stopped short anyway."""
+    with pytest.raises(InvalidRequest) as info:
+        SimScheduler(CONFIG).add(request(min_tokens=1000), 0.0)
+    assert info.value.param == "min_tokens"
+    SimScheduler(CONFIG).add(request(min_tokens=128 - 6), 0.0)
