@@ -125,6 +125,14 @@ async def test_sampling_token_ids_outside_the_vocabulary_are_refused_naming_them
     assert "outside this model's vocabulary" in err.value.message
 
 
+async def test_min_tokens_beyond_the_context_s_room_is_refused_naming_it(
+    engine: VllmEngine,
+) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        await run(engine, completion(RawPrompt(token_ids=(1, 2)), min_tokens=100_000))
+    assert err.value.param == "min_tokens"
+
+
 async def test_the_pooling_model_reports_embeddings_only(pooling: VllmEngine) -> None:
     (model,) = pooling.models()
     caps = model.capabilities
