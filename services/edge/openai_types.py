@@ -518,6 +518,20 @@ def _check_schema(schema: dict[str, Any], param: str) -> None:
         raise InvalidRequest(
             f"Invalid schema for '{param}': {err}", param=param, code="invalid_schema"
         ) from None
+    try:
+        # Compiled as well: the metaschema passes a $ref that points nowhere, or a pattern
+        # that is not a regex, which the worker's grammar compiler then fails on. Remote
+        # references are never fetched (no worker would fetch them either).
+        jsonschema_rs.validator_for(schema, retriever=_no_remote_refs)
+    except (jsonschema_rs.ValidationError, jsonschema_rs.ReferencingError, ValueError) as err:
+        first = str(err).strip().splitlines()[0][:300] if str(err).strip() else "does not compile"
+        raise InvalidRequest(
+            f"Invalid schema for '{param}': {first}", param=param, code="invalid_schema"
+        ) from None
+
+
+def _no_remote_refs(uri: str) -> Any:
+    raise ValueError(f"the reference {uri[:200]!r} is not in the schema (nothing is fetched)")
 
 
 def check_logit_bias(bias: dict[str, float] | None) -> None:

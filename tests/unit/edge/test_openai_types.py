@@ -342,3 +342,29 @@ def test_null_for_stream_and_encoding_format_means_the_default_as_openai_takes_i
     with pytest.raises(InvalidRequest) as err:
         parse_chat_request(body(stream="yes"))
     assert err.value.param == "stream"
+
+
+@pytest.mark.parametrize(
+    ("schema", "says"),
+    [
+        ({"$ref": "#/nowhere"}, "does not exist"),
+        ({"$ref": "http://169.254.169.254/latest"}, "nothing is fetched"),
+        ({"type": "object", "properties": {"a": {"$ref": "other.json"}}}, "other.json"),
+    ],
+)
+def test_a_schema_whose_refs_do_not_resolve_is_refused_and_nothing_is_fetched(
+    schema: dict[str, object], says: str
+) -> None:
+    """The metaschema passes a $ref pointing nowhere; the worker's grammar compiler did not."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "x", "schema": schema}}
+    with pytest.raises(InvalidRequest, match=says) as err:
+        parse_chat_request(body(response_format=fmt))
+    assert err.value.param == "response_format.json_schema.schema"
+    local = {
+        "$id": "https://example.com/s",
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/x"}},
+        "$defs": {"x": {"type": "string"}},
+    }
+    fmt["json_schema"]["schema"] = local  # type: ignore[index]
+    assert parse_chat_request(body(response_format=fmt)).response_format is not None
