@@ -4,6 +4,7 @@ are not UTF-8, a body shorter than its Content-Length, odd transfer codings."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from dataclasses import dataclass
 
 
@@ -34,3 +35,5 @@ async def exchange(url: str, data: bytes, *, timeout_s: float = 10.0) -> RawAnsw
         return RawAnswer(head, body)
     finally:
         writer.close()
+        with contextlib.suppress(OSError):  # closed by the edge first: closed either way
+            await writer.wait_closed()

@@ -21,12 +21,15 @@ The fallback is used only when the router did not answer (:class:`RouterUnreacha
 deadline, a refused connection); a router that answers with an error (unknown model, no
 capacity) is obeyed. It is counted, and it stops when the view is older than ``max_age_s``.
 
-Backoff: after a ``RouterUnreachable`` the router is not asked on the request path (Route,
-ListModels, readiness) at all, because a hung router (SIGSTOP, a wedged loop) accepts
-connections and never answers, and every request asking it would wait the whole deadline
-(~2 s). Requests are ranked from the view at once (counted as ``route_fallback_backed_off``
-too), while one background probe — never more, and no request waits for it — asks the router
-for its view after a jittered period (``backoff_initial_s``, doubling to ``backoff_max_s``).
+Backoff: after ``backoff_after`` unanswered calls in a row (``RouterUnreachable``; two by
+default: one may be a slow answer on a busy host, and the view it would fall back to may be
+seconds old — a worker that just began draining still looks ready there) the router is not
+asked on the request path (Route, ListModels, readiness) at all, because a hung router
+(SIGSTOP, a wedged loop) accepts connections and never answers, and every request asking it
+would wait the whole deadline (~2 s). Requests are ranked from the view at once (counted
+as ``route_fallback_backed_off`` too), while one background probe — never more, and no
+request waits for it — asks the router for its view after a jittered period
+(``backoff_initial_s``, doubling to ``backoff_max_s``).
 When the router answers it (even with an error), requests ask the router again: a router that
 recovers is used within about one period, and the answer is a fresh view as well. The probe is
 ``GetView``, not a Route, so that it makes no decision and adds no in-flight load at the
@@ -66,6 +69,8 @@ class ViewConfig:
     #: answer, before the probe asks it; doubled after each unanswered probe, up to the max.
     backoff_initial_s: float = 0.5
     backoff_max_s: float = 5.0
+    #: Unanswered calls in a row (none answered in between) that start the backoff.
+    backoff_after: int = 2
     #: How long a request routed from the view counts as load on its worker, at most.
     assigned_ttl_s: float = 5.0
 
@@ -74,6 +79,8 @@ class ViewConfig:
             raise ValueError("need 0 < refresh_every_s <= max_age_s")
         if not 0 < self.backoff_initial_s <= self.backoff_max_s:
             raise ValueError("need 0 < backoff_initial_s <= backoff_max_s")
+        if self.backoff_after < 1:
+            raise ValueError("need backoff_after >= 1")
         if self.assigned_ttl_s <= 0:
             raise ValueError("need assigned_ttl_s > 0")
 
@@ -150,6 +157,7 @@ class ResilientRouter:
         self._backed_off_at: float | None = None
         self._backoff_s = self._config.backoff_initial_s
         self._recoveries = 0
+        self._unanswered = 0  # calls in a row the router did not answer
         self._skipped_before = 0  # route_fallback_backed_off when the backoff started
         self._probe: asyncio.Task[None] | None = None
         self._jitter = random.Random()
@@ -198,10 +206,14 @@ class ResilientRouter:
             self._back_off(err, recoveries)
             return self._fallback(request, err)
         except MeridianError:
-            self._backoff_s = self._config.backoff_initial_s  # an answer: Route works
+            self._answered()  # an answer, with an error: Route works
             raise
-        self._backoff_s = self._config.backoff_initial_s
+        self._answered()
         return result
+
+    def _answered(self) -> None:
+        self._backoff_s = self._config.backoff_initial_s
+        self._unanswered = 0
 
     def _fallback(self, request: router_pb2.RouteRequest, err: MeridianError) -> RouteResult:
         view = self._usable_view()
@@ -242,6 +254,10 @@ class ResilientRouter:
         the probe heard from it while this call waited (a late timeout is no news)."""
         if self._backed_off_at is not None or recoveries != self._recoveries:
             return
+        self._unanswered += 1
+        if self._unanswered < self._config.backoff_after:
+            return  # this request fell back alone; the next one asks the router again
+        self._unanswered = 0
         period = self._backoff_s
         self._backoff_s = min(period * 2, self._config.backoff_max_s)
         self._backed_off_at = self._clock.monotonic()
@@ -289,7 +305,9 @@ class ResilientRouter:
         try:
             if self._backed_off_at is not None:
                 raise _not_asked()
-            return await self.client.list_models()
+            models = await self.client.list_models()
+            self._unanswered = 0
+            return models
         except RouterUnreachable as err:
             self._back_off(err, recoveries)
             view = self._usable_view()

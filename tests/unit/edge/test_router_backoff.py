@@ -126,6 +126,7 @@ class Setup:
     servicer: HangingRouter
     router: ResilientRouter
     counters: EdgeCounters
+    address: str
 
 
 @pytest.fixture
@@ -140,11 +141,11 @@ async def setup() -> AsyncIterator[Setup]:
         client=RouterClient(f"127.0.0.1:{port}", timeout_s=0.3),
         clock=ManualClock(),
         counters=counters,
-        config=ViewConfig(backoff_initial_s=0.2, backoff_max_s=0.4),
+        config=ViewConfig(backoff_initial_s=0.2, backoff_max_s=0.4, backoff_after=1),
     )
     await router.refresh()  # the view it falls back to
     try:
-        yield Setup(servicer, router, counters)
+        yield Setup(servicer, router, counters, f"127.0.0.1:{port}")
     finally:
         servicer.answer()  # let hung handlers end
         await router.close()
@@ -233,3 +234,38 @@ async def test_a_router_that_answers_with_an_error_is_obeyed_and_not_backed_off(
         await router.route(REQUEST)
     assert servicer.routes == 5
     assert events(caplog, "router.backoff_started") == 1
+
+
+async def test_one_unanswered_call_alone_does_not_start_the_backoff(setup: Setup) -> None:
+    """By default two in a row do: one may be a slow answer on a busy host, and the view a
+    backoff routes from may be seconds old (a worker that just began draining looks ready)."""
+    servicer = setup.servicer
+    router = ResilientRouter(
+        client=RouterClient(setup.address, timeout_s=0.3),
+        clock=ManualClock(),
+        counters=EdgeCounters(),
+        config=ViewConfig(backoff_initial_s=0.2, backoff_max_s=0.4),  # backoff_after: 2
+    )
+    await router.refresh()
+    try:
+        await _two_in_a_row_back_off(router, servicer)
+    finally:
+        servicer.answer()
+        await router.close()
+
+
+async def _two_in_a_row_back_off(router: ResilientRouter, servicer: HangingRouter) -> None:
+    routes = servicer.routes
+    states: list[bool] = []
+    servicer.hang()
+    assert (await router.route(REQUEST)).decision_id.startswith("local-")
+    states.append(router.backed_off)
+    servicer.answer()
+    assert not (await router.route(REQUEST)).decision_id.startswith("local-")  # asked again
+    servicer.hang()
+    await router.route(REQUEST)
+    states.append(router.backed_off)  # the answer in between reset the count
+    await router.route(REQUEST)
+    states.append(router.backed_off)  # two in a row
+    assert states == [False, False, True]
+    assert servicer.routes - routes == 4
