@@ -34,6 +34,7 @@ from services.edge.openai_types import (
     Penalty,
     Probability,
     StreamOptions,
+    a_number,
 )
 
 TokenId = Annotated[StrictInt, Field(ge=0, le=limits.MAX_TOKEN_ID)]
@@ -157,9 +158,7 @@ class CompletionRequest(BaseModel):
     @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", mode="before")
     @classmethod
     def _strict_number(cls, v: Any) -> Any:
-        if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
-            raise ValueError("must be a number")
-        return v
+        return a_number(v)
 
     def prompts(self, max_prompts: int) -> list[str | list[int]]:
         """The prompts, each checked (a 400 names ``prompt`` or ``prompt[i]``)."""

@@ -202,14 +202,14 @@ Probability = Annotated[float, Field(ge=limits.TOP_P_RANGE[0], le=limits.TOP_P_R
 Penalty = Annotated[float, Field(ge=limits.PENALTY_RANGE[0], le=limits.PENALTY_RANGE[1])]
 
 
-def _a_number(v: Any) -> Any:
+def a_number(v: Any) -> Any:
     # Ints and floats, not strings or booleans (lax pydantic reads "50" and true as numbers).
     if v is not None and (isinstance(v, bool) or not isinstance(v, int | float)):
         raise ValueError("must be a number")
     return v
 
 
-A_NUMBER = BeforeValidator(_a_number)
+A_NUMBER = BeforeValidator(a_number)
 
 
 def _null_is_false(v: Any) -> Any:
@@ -325,7 +325,7 @@ class ChatCompletionRequest(BaseModel):
     )
     @classmethod
     def _strict_number(cls, v: Any) -> Any:
-        return _a_number(v)  # "0.5" is a client bug
+        return a_number(v)  # "0.5" is a client bug
 
     def effective_max_tokens(self) -> int | None:
         return (
