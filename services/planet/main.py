@@ -113,11 +113,59 @@ def combine(paths: list[Path], out: Path, p: argparse.ArgumentParser) -> int:
             p.error(f"--combine: cannot read {path}: {err.reason}")
         except ValueError as err:
             p.error(f"--combine: {path}: not JSON: {err}")
-        results.extend(loaded if isinstance(loaded, list) else [loaded])
+        for result in loaded if isinstance(loaded, list) else [loaded]:
+            problem = _not_a_result(result)
+            if problem:
+                p.error(f"--combine: {path}: not a bench.planet results.json: {problem}")
+            results.append(result)
+    if not results:
+        p.error("--combine: the files hold no results")
     out.mkdir(parents=True, exist_ok=True)
+    try:  # the report first: a malformed nested value must not overwrite a good results.json
+        report = write_markdown(results, out)
+    except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
+        p.error(f"--combine: a result is malformed ({type(err).__name__}: {err})")
     write_json(results, out / "results.json")
-    print(f"report: {write_markdown(results, out)}")
+    print(f"report: {report}")
     return 0
+
+
+# What ``services.planet.report`` reads from every result, with the type it must have.
+_RESULT_KEYS: dict[str, type | tuple[type, ...]] = {
+    "scenario": str,
+    "source": str,
+    "profile": str,
+    "engine": str,
+    "duration_s": (int, float),
+    "fleet": dict,
+    "slo": dict,
+    "requests": int,
+    "goodput": (int, float),
+    "ttft_ms": dict,
+    "itl_ms": dict,
+    "e2e_ms": dict,
+    "refused_total": int,
+    "residency_violations": int,
+    "oscillation": (int, float),
+    "by_region": dict,
+    "by_site": dict,
+    "by_tier": dict,
+    "series": list,
+    "decisions_sampled": list,
+    "run": dict,
+}
+
+
+def _not_a_result(result: object) -> str | None:
+    """Why ``result`` is not one profile's result as ``bench.planet`` writes it (None if it is)."""
+    if not isinstance(result, dict):
+        return f"expected an object (or a list of them), got {type(result).__name__}"
+    for key, kind in _RESULT_KEYS.items():
+        if key not in result:
+            return f"missing key {key!r}"
+        if not isinstance(result[key], kind) or isinstance(result[key], bool):
+            return f"{key!r} has the wrong type ({type(result[key]).__name__})"
+    return None
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -234,3 +234,50 @@ def test_a_scenario_whose_router_profile_is_not_utf8_exits_2_before_simulating(
     err = capsys.readouterr().err
     assert f"router.profile: {tmp_path / 'bad.yaml'}: cannot read: not UTF-8 text" in err
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize(
+    ("content", "problem"),
+    [
+        ("{}", "not a bench.planet results.json: missing key 'scenario'"),
+        ("[1]", "not a bench.planet results.json: expected an object (or a list of them), got int"),
+        ("[]", "--combine: the files hold no results"),
+        ('"text"', "expected an object (or a list of them), got str"),
+    ],
+)
+def test_combine_refuses_json_that_is_not_a_planet_result_naming_why(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], content: str, problem: str
+) -> None:
+    bad = tmp_path / "results.json"
+    bad.write_text(content)
+    with pytest.raises(SystemExit) as exit_:
+        main(["--combine", str(bad), "--out", str(tmp_path / "out")])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert problem in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
+def test_combine_of_a_malformed_result_keeps_the_good_results_json_it_would_overwrite(
+    tmp_path: Path, small: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    import yaml
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({**small, "duration_s": 2}))
+    out = tmp_path / "out"
+    assert main(["--scenario", str(path), "--no-progress", "--out", str(out)]) == 0
+    good = (out / "results.json").read_text()
+    result = json.loads(good)
+    result = result[0] if isinstance(result, list) else result
+    assert main(["--combine", str(out / "results.json"), "--out", str(out)]) == 0  # the real thing
+    broken = tmp_path / "broken.json"
+    broken.write_text(json.dumps({**result, "series": [{"t_s": "soon"}]}))
+    with pytest.raises(SystemExit) as exit_:
+        main(["--combine", str(broken), "--out", str(out)])
+    assert exit_.value.code == 2
+    assert "--combine: a result is malformed" in capsys.readouterr().err
+    assert (out / "results.json").read_text() == json.dumps(result, indent=1)
