@@ -46,6 +46,7 @@ import aiohttp
 import redis.asyncio as aioredis
 
 from bench._edge import ONE_CLIENT_EDGE_ARGS
+from services.common import cli
 from services.common.clock import SYSTEM_CLOCK
 from services.common.net import free_port
 from services.edge.tenancy.apikeys import KeyHasher, load_pepper, new_pepper
@@ -491,8 +492,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--scenario", action="append", choices=sorted(SCENARIOS))
     p.add_argument("--streams", type=int, default=16, help="concurrent streams (64 on a big host)")
     p.add_argument("--tokens", type=int, default=160, help="tokens per stream (256 on a big host)")
-    p.add_argument("--fault-after-s", type=float, default=1.0)
-    p.add_argument("--fault-s", type=float, default=3.0, help="how long a healing fault lasts")
+    p.add_argument("--fault-after-s", type=cli.non_negative_float, default=1.0)
+    p.add_argument(
+        "--fault-s", type=cli.positive_float, default=3.0, help="how long a healing fault lasts"
+    )
     args = p.parse_args(argv)
     logging.getLogger("services.netem").setLevel(logging.ERROR)  # faults are the point here
     if args.streams < 1 or args.tokens < 2:

@@ -29,6 +29,7 @@ import grpc
 
 from bench._edge import ONE_CLIENT_EDGE_ARGS
 from meridian.v1 import worker_pb2, worker_pb2_grpc
+from services.common import cli
 from services.localstack.config import parse_stack_config
 from services.localstack.stack import LocalStack
 
@@ -202,7 +203,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
-    parser.add_argument("--requests", type=int, default=64)
-    parser.add_argument("--tokens", type=int, default=64)
+    parser.add_argument("--concurrency", type=cli.positive_int, nargs="+", default=[1, 8, 32])
+    parser.add_argument("--requests", type=cli.positive_int, default=64)
+    parser.add_argument("--tokens", type=cli.integer(2), default=64)
     asyncio.run(main(parser.parse_args()))

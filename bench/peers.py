@@ -48,6 +48,7 @@ import redis.asyncio as aioredis
 
 from bench._cpu import cpu_seconds
 from bench._edge import ONE_CLIENT_EDGE_ARGS
+from services.common import cli
 from services.common.clock import SYSTEM_CLOCK
 from services.common.net import free_port
 from services.edge.tenancy.apikeys import KeyHasher, load_pepper, new_pepper
@@ -534,8 +535,6 @@ async def compare(args: argparse.Namespace) -> list[Row]:
                     systems[name] = await stack.enter_async_context(
                         factory(workdir, backend, bindir)
                     )
-                else:
-                    print(f"unknown system {name!r}; skipped")
             except (ProcessFailed, OSError) as err:
                 print(f"  {name}: could not start; skipped:\n    {str(err)[-800:]}")
         connector = aiohttp.TCPConnector(limit=0, force_close=False)
@@ -634,16 +633,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    p.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32, 128])
+    p.add_argument("--concurrency", type=cli.positive_int, nargs="+", default=[1, 8, 32, 128])
     p.add_argument("--with-256", action="store_true", help="add concurrency 256")
-    p.add_argument("--requests", type=int, default=128, help="per run (at least 2 × concurrency)")
-    p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--ttft-ms", type=float, default=20.0)
-    p.add_argument("--itl-ms", type=float, default=10.0)
+    p.add_argument(
+        "--requests", type=cli.positive_int, default=128, help="per run (at least 2 × concurrency)"
+    )
+    p.add_argument("--tokens", type=cli.integer(2), default=64)
+    p.add_argument("--ttft-ms", type=cli.non_negative_float, default=20.0)
+    p.add_argument("--itl-ms", type=cli.non_negative_float, default=10.0)
     p.add_argument("--systems", default="meridian,vllm-router,litellm")
     p.add_argument(
         "--edge-workers",
-        type=int,
+        type=cli.positive_int,
         nargs="+",
         default=[1],
         help="Meridian edge processes; '1 2' runs both",
@@ -658,15 +659,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--peers-env", type=Path, default=REPO / ".bench-peers" / "venv")
     p.add_argument("--no-install", action="store_true")
-    p.add_argument("--pause-s", type=float, default=0.5)
-    p.add_argument("--out", type=Path, default=REPO / "bench" / "results" / "tmp")
+    p.add_argument("--pause-s", type=cli.non_negative_float, default=0.5)
+    p.add_argument("--out", type=cli.output_dir, default=REPO / "bench" / "results" / "tmp")
     args = p.parse_args(argv)
     if args.with_256 and 256 not in args.concurrency:
         args.concurrency.append(256)
-    if any(c < 1 for c in args.concurrency) or args.requests < 1:
-        p.error("--concurrency and --requests must be >= 1")
-    if any(n < 1 for n in args.edge_workers):
-        p.error("--edge-workers must be >= 1")
+    wanted = [s.strip() for s in args.systems.split(",") if s.strip()]
+    unknown = [s for s in wanted if s != "meridian" and s not in PEER_PINS]
+    if unknown or not wanted:
+        p.error(
+            f"--systems: unknown {unknown or [args.systems]}; "
+            f"expected some of {['meridian', *sorted(PEER_PINS)]}, comma-separated"
+        )
     return args
 
 

@@ -34,6 +34,7 @@ from typing import Any
 import uvloop
 
 from bench import routing_quality as rq
+from services.common import cli
 from services.edge.openai_types import ChatCompletionRequest
 from services.edge.prompt import BLOCK_CHARS, prefix_hashes
 from services.planet.scenario import build
@@ -301,16 +302,17 @@ def check(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.planet_fidelity", description=__doc__)
-    p.add_argument("--rate", type=float, default=20.0)
-    p.add_argument("--duration", type=float, default=15.0)
+    p.add_argument("--rate", type=cli.positive_float, default=20.0)
+    p.add_argument("--duration", type=cli.positive_float, default=15.0)
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--profiles", nargs="+", default=["default", "round-robin", "nearest-region",
                                                       "least-loaded", "power-of-two"])  # fmt: skip
     p.add_argument("--sim-only", action="store_true")
-    p.add_argument("--write-trace", type=Path)
+    p.add_argument("--write-trace", type=cli.output_file)
     args = p.parse_args(argv)
-    if not args.rate > 0 or not args.duration > 0:
-        p.error("--rate and --duration must be > 0")
+    missing = [n for n in args.profiles if not (rq.PROFILES_DIR / f"{n}.yaml").exists()]
+    if missing:
+        p.error(f"no such profile under {rq.PROFILES_DIR}: {', '.join(missing)}")
     asks = rq.plan(args.rate, args.duration, args.seed)
     if args.write_trace:
         lines = [json.dumps(r) for r in trace(asks, with_text=False)]

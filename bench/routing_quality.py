@@ -54,6 +54,7 @@ import grpc
 import uvloop
 
 from meridian.v1 import router_pb2, router_pb2_grpc, worker_pb2, worker_pb2_grpc
+from services.common import cli
 from services.common.clock import SYSTEM_CLOCK
 from services.common.grpcutil import insecure_channel, new_server
 from services.edge.openai_types import ChatCompletionRequest
@@ -571,20 +572,20 @@ def report(results: Sequence[Result], target_ms: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.routing_quality", description=__doc__)
-    p.add_argument("--rate", type=float, default=20.0, help="requests per second")
-    p.add_argument("--duration", type=float, default=15.0, help="seconds of traffic")
+    p.add_argument("--rate", type=cli.positive_float, default=20.0, help="requests per second")
+    p.add_argument("--duration", type=cli.positive_float, default=15.0, help="seconds of traffic")
     p.add_argument("--seed", type=int, default=7)
-    p.add_argument("--ttft-target-ms", type=float, default=150.0)
+    p.add_argument("--ttft-target-ms", type=cli.positive_float, default=150.0)
     p.add_argument(
         "--max-stall-ms",
-        type=float,
+        type=cli.positive_float,
         default=300.0,
         help="a run whose event loop stalled longer than this (a starved machine) is repeated",
     )
-    p.add_argument("--attempts", type=int, default=3, help="runs per profile at most")
+    p.add_argument("--attempts", type=cli.positive_int, default=3, help="runs per profile at most")
     p.add_argument(
         "--flood",
-        type=float,
+        type=cli.non_negative_float,
         default=0.0,
         help="also send LOW-priority requests at this rate (the measured ones are then HIGH): "
         "the high tier must be unaffected by a low-tier flood",
@@ -596,10 +597,6 @@ def main(argv: list[str] | None = None) -> int:
         help="profile files under deploy/router/profiles (the first is Meridian's)",
     )
     args = p.parse_args(argv)
-    if not args.rate > 0 or not args.duration > 0:
-        p.error("--rate and --duration must be > 0")
-    if args.attempts < 1:
-        p.error("--attempts must be >= 1")
     missing = [n for n in args.profiles if not (PROFILES_DIR / f"{n}.yaml").exists()]
     if missing:
         p.error(f"no such profile under {PROFILES_DIR}: {', '.join(missing)}")

@@ -83,6 +83,26 @@ fraction = finite_float(0, 1)
 """A finite number within [0, 1]."""
 
 
+def integer(low: int | None = None, high: int | None = None) -> Callable[[str], int]:
+    """An integer flag's type within ``[low, high]`` (either bound may be absent): a count,
+    a concurrency, a number of tokens."""
+
+    def parse(value: str) -> int:
+        try:
+            number = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not an integer") from None
+        if (low is not None and number < low) or (high is not None and number > high):
+            raise argparse.ArgumentTypeError(f"must be {_bounds(low, high, False)}, got {value}")
+        return number
+
+    return parse
+
+
+positive_int = integer(1)
+"""An integer >= 1 (a count, a concurrency)."""
+
+
 def output_dir(value: str) -> Path:
     """A folder the process writes into, creating it (and its parents) if need be
     (``--state-dir``, ``--out``): it must be a writable folder already, or the nearest one

@@ -202,3 +202,22 @@ def test_read_text_names_the_flag_the_file_and_why(
     assert str(err.value) == f"--config {path}: {reason}"
     assert err.value.reason == reason
     assert isinstance(err.value, ValueError)
+
+
+# --- integer flags (counts, concurrency, tokens) ---
+
+
+@pytest.mark.parametrize(
+    ("value", "problem"),
+    [("x", "'x' is not an integer"), ("1.5", "'1.5' is not an integer"), ("0", "must be >= 1")],
+)
+def test_a_count_flag_refuses_what_is_not_a_positive_integer(value: str, problem: str) -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match=problem):
+        cli.positive_int(value)
+
+
+def test_an_integer_flag_takes_numbers_within_bounds_and_names_them_otherwise() -> None:
+    assert cli.positive_int("32") == 32
+    assert cli.integer(2, 200)("200") == 200
+    with pytest.raises(argparse.ArgumentTypeError, match=r"must be within \[2, 200\], got 201"):
+        cli.integer(2, 200)("201")

@@ -1,0 +1,48 @@
+"""The benchmarks' command lines refuse bad flags with argparse's one-line error and exit 2
+before they start anything (a NaN latency, a zero concurrency or an unknown system used to
+end in a ZeroDivisionError traceback after minutes of set-up, or run nothing and say so)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.mark.parametrize(
+    ("argv", "problem"),
+    [
+        (["bench.peers", "--ttft-ms", "nan"], "argument --ttft-ms: must be a finite number"),
+        (["bench.peers", "--concurrency", "8", "0"], "argument --concurrency: must be >= 1"),
+        (["bench.peers", "--tokens", "1"], "argument --tokens: must be >= 2, got 1"),
+        (["bench.peers", "--systems", "meridian,envoy"], "--systems: unknown ['envoy']"),
+        (["bench.peers", "--out", "{file}"], "is not a directory"),
+        (["bench.overhead", "--concurrency", "0"], "argument --concurrency: must be >= 1"),
+        (["bench.overhead", "--requests", "ten"], "argument --requests: 'ten' is not an integer"),
+        (["bench.chaos", "--fault-s", "inf"], "argument --fault-s: must be a finite number"),
+        (["bench.routing_quality", "--flood", "-1"], "argument --flood: must be >= 0, got -1"),
+        (["bench.routing_quality", "--attempts", "0"], "argument --attempts: must be >= 1"),
+        (["bench.planet_fidelity", "--profiles", "nope"], "no such profile under"),
+        (["bench.planet_fidelity", "--write-trace", "{dir}"], "is a directory, not a file"),
+        (["bench.planet_fidelity", "--rate", "nan"], "argument --rate: must be a finite number"),
+    ],
+)
+def test_a_benchmark_refuses_a_bad_flag_before_it_starts(
+    tmp_path: Path, argv: list[str], problem: str
+) -> None:
+    (tmp_path / "file").write_text("keep me")
+    names = {"file": str(tmp_path / "file"), "dir": str(tmp_path)}
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'build' / 'gen'}"}
+    done = subprocess.run(
+        [sys.executable, "-m", *(a.format(**names) for a in argv)],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert problem in done.stderr
+    assert "Traceback" not in done.stderr
+    assert (tmp_path / "file").read_text() == "keep me"
