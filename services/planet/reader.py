@@ -100,8 +100,9 @@ class Node:
         if v < lo or (lo_open and v == lo) or v > hi:
             bound = f"> {lo:g}" if lo_open else f">= {lo:g}"
             rng = f"{bound} and <= {hi:g}" if math.isfinite(hi) else bound
-            self.fail(f"must be {rng}, got {v!r}")
-            return default if default is not None else float(v)
+            self.fail(f"must be {rng}, got {v!r}")  # the scenario is refused; the value is
+            # clamped so that the rest of the check can go on computing with it
+            return default if default is not None else min(max(float(v), lo), hi)
         return float(v)
 
     def integer(self, default: int | None = None, *, lo: int = 0, hi: int | None = None) -> int:

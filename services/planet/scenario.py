@@ -48,6 +48,9 @@ from services.worker.sim.config import SimConfig, SimConfigError
 ENGINES = ("fast", "exact")
 TRACE_MAX_BYTES = 1 << 30
 """The largest request trace (JSON lines) a scenario may replay."""
+MAX_REQUEST_TOKENS = 10_000_000
+"""The most tokens a mix may give a prompt or an answer: ten times the longest context
+served today (a median of 1e308 overflowed the default maximum, median × 20)."""
 EVENT_KINDS = ("region-outage", "link-degraded", "worker-crash", "hotspot", "model-rollout")
 TIERS = {"low": Priority.LOW, "standard": Priority.STANDARD, "high": Priority.HIGH}
 #: Default diurnal shape (relative demand by local hour, 0..23): a trough before dawn at about a
@@ -656,9 +659,11 @@ class _Builder:
     def distribution(self, node: Node) -> Distribution:
         if not node.mapping(("median", "sigma", "min", "max")):
             return Distribution(1, 0, 1, 1)
-        median = node.get("median").number(lo=1)
-        lo = node.get("min").integer(1, lo=1)
-        hi = node.get("max").integer(max(lo, int(median * 20)), lo=lo)
+        median = node.get("median").number(lo=1, hi=MAX_REQUEST_TOKENS)
+        lo = node.get("min").integer(1, lo=1, hi=MAX_REQUEST_TOKENS)
+        hi = node.get("max").integer(
+            max(lo, min(int(median * 20), MAX_REQUEST_TOKENS)), lo=lo, hi=MAX_REQUEST_TOKENS
+        )
         return Distribution(median, node.get("sigma").number(0.0, lo=0, hi=5), lo, hi)
 
     def trace(self, node: Node, sites: list[str], models: set[str]) -> tuple[TraceRecord, ...]:

@@ -63,6 +63,10 @@ def problems(doc: dict[str, Any]) -> tuple[str, ...]:
             "traffic.mixes[0].prompt_tokens.median: must be >= 1",
         ),
         (
+            lambda d: d["traffic"]["mixes"][0]["output_tokens"].update(median=1e308),
+            "traffic.mixes[0].output_tokens.median: must be",
+        ),
+        (
             lambda d: d["traffic"]["tenants"][1].update(residency="moon"),
             "traffic.tenants[1].residency: unknown zone 'moon'",
         ),
