@@ -242,7 +242,12 @@ class _Builder:
         evaluates them in the memo, then the plain ones over the survivors. A profile that
         lists them the other way round would misstate the order rejections are named in, so
         it is refused where it says so."""
-        listed = [raw.get("type") for raw in body.get("filters") or [] if isinstance(raw, Mapping)]
+        raws = body.get("filters")  # not a list: plugin_list has said so already
+        listed = (
+            [r.get("type") for r in raws if isinstance(r, Mapping)]
+            if isinstance(raws, list)
+            else []
+        )
         plain_at: str | None = None
         for f in filters:
             at = listed.index(f.TYPE) if f.TYPE in listed else -1

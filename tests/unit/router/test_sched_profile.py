@@ -173,6 +173,11 @@ PROBLEMS: list[tuple[str, Any, str]] = [
         edited(["profiles", "default", "filters"], "healthy"),
         "profiles[default].filters: must be a list",
     ),
+    (
+        "filters a number",
+        edited(["profiles", "default", "filters"], 7),
+        "profiles[default].filters: must be a list",
+    ),
     ("no profiles", {"profiles": {}}, "profiles: must be a non-empty mapping"),
     (
         "memoised filter after a plain one",
