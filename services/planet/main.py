@@ -111,7 +111,7 @@ def combine(paths: list[Path], out: Path, p: argparse.ArgumentParser) -> int:
             loaded = json.loads(read_text(path))
         except UnreadableFile as err:  # missing, a directory, not UTF-8, ...
             p.error(f"--combine: cannot read {path}: {err.reason}")
-        except ValueError as err:
+        except (ValueError, RecursionError) as err:
             p.error(f"--combine: {path}: not JSON: {err}")
         for result in loaded if isinstance(loaded, list) else [loaded]:
             problem = _not_a_result(result)

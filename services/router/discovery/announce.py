@@ -55,6 +55,8 @@ def parse_announcement(text: str) -> str:
         doc = json.loads(text)
     except json.JSONDecodeError as err:
         raise AnnouncementError(f"not JSON: {err.msg} at line {err.lineno}") from None
+    except (ValueError, RecursionError) as err:  # a 5,000-digit number; nesting past the stack
+        raise AnnouncementError(f"not usable JSON: {err}") from None
     if not isinstance(doc, dict):
         raise AnnouncementError("must be a JSON object")
     if "address" in doc:

@@ -262,7 +262,7 @@ class UpstreamEngine:
             if not isinstance(models, list):
                 raise TypeError("data is not a list")
             return [m for m in models if isinstance(m, dict) and isinstance(m.get("id"), str)]
-        except (ValueError, KeyError, TypeError) as err:
+        except (ValueError, KeyError, TypeError, RecursionError) as err:
             raise UpstreamStartError(
                 f"--upstream-url {self.config.base_url}: GET {url} did not return an OpenAI "
                 f"model list ({type(err).__name__}: {err})"

@@ -33,7 +33,7 @@ def _parse(body: bytes) -> tuple[str, str | None, str | None]:
     """(message, param, code) from an OpenAI-style error body, or the body's start."""
     try:
         data = json.loads(body)
-    except ValueError:
+    except (ValueError, RecursionError):
         return body[:MAX_MESSAGE_CHARS].decode("utf-8", "replace").strip(), None, None
     error = data.get("error", data) if isinstance(data, dict) else data
     if isinstance(error, dict):

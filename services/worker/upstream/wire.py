@@ -167,7 +167,7 @@ class StreamAssembler:
     def _event(self, payload: bytes, texts: list[str], logprobs: list[TokenLogprob]) -> None:
         try:
             event = json.loads(payload)
-        except ValueError:
+        except (ValueError, RecursionError):
             raise UpstreamFailed("the upstream sent an event that is not JSON") from None
         if not isinstance(event, dict):
             raise UpstreamFailed("the upstream sent an event that is not a JSON object")

@@ -35,6 +35,8 @@ def _speculative(raw: str | None) -> dict[str, Any] | None:
         value = json.loads(raw)
     except json.JSONDecodeError as err:
         raise EngineConfigError(f"--speculative-config: not JSON ({err.msg})") from None
+    except (ValueError, RecursionError) as err:  # a 5,000-digit number; nesting past the stack
+        raise EngineConfigError(f"--speculative-config: not usable JSON ({err})") from None
     if not isinstance(value, dict):
         raise EngineConfigError("--speculative-config: must be a JSON object")
     return value

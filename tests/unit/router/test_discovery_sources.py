@@ -194,6 +194,8 @@ def test_announcements_name_an_address(text: str, address: str) -> None:
     ("text", "problem"),
     [
         ("not json", "not JSON"),
+        ("[" * 100_000, "not usable JSON"),  # nested past the stack: a RecursionError killed
+        ('{"port": ' + "9" * 5000 + "}", "not usable JSON"),  # the scan task before
         ("[1, 2]", "JSON object"),
         ('{"host": "127.0.0.1"}', "needs 'address'"),
         ('{"host": "127.0.0.1", "port": "80"}', "needs 'address'"),

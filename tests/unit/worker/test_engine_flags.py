@@ -50,6 +50,8 @@ def _model(tmp_path: Path) -> str:
         (["--enable-auto-tool-choice"], "--enable-auto-tool-choice: .*needs a tool_call_parser"),
         (["--speculative-config", "{ngram"], "--speculative-config: not JSON"),
         (["--speculative-config", "[1]"], "--speculative-config: must be a JSON object"),
+        (["--speculative-config", "[" * 100_000], "--speculative-config: not usable JSON"),
+        (["--speculative-config", "9" * 5000], "--speculative-config: not usable JSON"),
         (
             ["--speculative-config", '{"tokens": 3}'],
             "--speculative-config: .*'method' or a 'model'",

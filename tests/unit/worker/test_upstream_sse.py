@@ -55,6 +55,14 @@ def test_an_error_event_fails_the_request() -> None:
         StreamAssembler().feed([b'{"error":{"message":"out of memory"}}'])
 
 
+@pytest.mark.parametrize("event", [b"[" * 100_000, b'{"id": ' + b"9" * 5000 + b"}"])
+def test_an_event_nested_past_the_stack_or_with_a_huge_number_fails_the_request(
+    event: bytes,
+) -> None:
+    with pytest.raises(UpstreamFailed, match="not JSON"):
+        StreamAssembler().feed([event])
+
+
 def test_a_length_finish_is_length() -> None:
     a = StreamAssembler()
     out = a.feed([b'{"choices":[{"index":0,"delta":{"content":"x"},"finish_reason":"length"}]}'])
