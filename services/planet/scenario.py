@@ -48,6 +48,15 @@ from services.worker.sim.config import SimConfig, SimConfigError
 ENGINES = ("fast", "exact")
 TRACE_MAX_BYTES = 1 << 30
 """The largest request trace (JSON lines) a scenario may replay."""
+MAX_DURATION_S = 7 * 86400
+"""The longest simulated run (and the latest arrival a trace may hold): a week."""
+MAX_TRACE_LINES_REPORTED = 20
+"""Bad trace lines whose problems are listed; the rest are counted (a million bad lines must
+not become a million-line error)."""
+_TRACE_KEYS = (
+    "at_s", "site", "model", "prompt_tokens", "output_tokens", "max_tokens", "prefix_key",
+    "prefix_tokens", "hash_blocks", "shared_hash_blocks", "tier", "allowed_regions", "messages",
+)  # fmt: skip
 MAX_REQUEST_TOKENS = 10_000_000
 """The most tokens a mix may give a prompt or an answer: ten times the longest context
 served today (a median of 1e308 overflowed the default maximum, median × 20)."""
@@ -276,7 +285,7 @@ class _Builder:
         r = self.root
         name = r.get("name").string("scenario")
         seed = r.get("seed").integer(1)
-        duration = r.get("duration_s").number(lo=0, hi=7 * 86400, lo_open=True)
+        duration = r.get("duration_s").number(lo=0, hi=MAX_DURATION_S, lo_open=True)
         engine = r.get("engine").string("fast", choices=ENGINES)
         start = r.get("start_utc_h").number(0.0, lo=0, hi=24)
         speedup = r.get("day_speedup").number(1.0, lo=0, hi=10_000)
@@ -674,38 +683,76 @@ class _Builder:
             node.fail(f"cannot read {path}: {err.reason}")
             return ()
         out = []
+        bad_lines = 0
         for i, line in enumerate(lines, 1):
             if not line.strip():
                 continue
             where = f"{node.path} ({path.name} line {i})"
             try:
                 rec = json.loads(line)
-                site = rec["site"]
-                if site not in sites:
-                    raise ValueError(f"unknown site {site!r}")
-                if rec["model"] not in models:
-                    raise ValueError(f"no worker serves model {rec['model']!r}")
-                out.append(
-                    TraceRecord(
-                        at_s=float(rec["at_s"]),
-                        site=site,
-                        model=rec["model"],
-                        prompt_tokens=int(rec["prompt_tokens"]),
-                        output_tokens=int(rec["output_tokens"]),
-                        max_tokens=int(rec.get("max_tokens", rec["output_tokens"])),
-                        prefix_key=str(rec.get("prefix_key", "")),
-                        prefix_tokens=int(rec.get("prefix_tokens", 0)),
-                        hash_blocks=int(rec.get("hash_blocks", 0)),
-                        shared_hash_blocks=int(rec.get("shared_hash_blocks", 0)),
-                        tier=TIERS[rec.get("tier", "standard")],
-                        allowed_regions=frozenset(rec.get("allowed_regions", ())),
-                        messages=tuple((m[0], m[1]) for m in rec.get("messages", ())),
-                    )
-                )
-            except (KeyError, TypeError, ValueError) as err:
-                self.problems.add(where, f"bad record: {err}")
+            except (ValueError, RecursionError) as err:
+                rec = err
+            checked = Problems() if bad_lines < MAX_TRACE_LINES_REPORTED else None
+            record = self.trace_record(Node(checked or Problems(), rec, where), sites, models)
+            if record is not None:
+                out.append(record)
+                continue
+            bad_lines += 1
+            if checked is not None:
+                for problem in checked.items:
+                    self.problems.items.append(problem)
+        if bad_lines > MAX_TRACE_LINES_REPORTED:
+            node.fail(f"and {bad_lines - MAX_TRACE_LINES_REPORTED} more bad lines")
         out.sort(key=lambda r: r.at_s)
         return tuple(out)
+
+    def trace_record(self, rec: Node, sites: list[str], models: set[str]) -> TraceRecord | None:
+        """One line of a trace, every field checked where it is (None when any is bad)."""
+        if isinstance(rec.value, Exception):
+            rec.fail(f"not JSON: {rec.value}")
+            return None
+        before = len(rec.problems.items)
+        if not rec.mapping(_TRACE_KEYS):
+            return None
+        site = rec.get("site").string(choices=sites)
+        model = rec.get("model").string()
+        if model and model not in models:
+            rec.get("model").fail(f"no worker serves model {model!r}")
+        prompt = rec.get("prompt_tokens").integer(hi=MAX_REQUEST_TOKENS)
+        output = rec.get("output_tokens").integer(lo=1, hi=MAX_REQUEST_TOKENS)
+        hash_blocks = rec.get("hash_blocks").integer(0, hi=MAX_REQUEST_TOKENS)
+        regions = rec.get("allowed_regions")
+        allowed = regions.strings() if not regions.missing and regions.value != [] else []
+        for region in allowed:
+            if region not in self.regions:
+                regions.fail(f"unknown region {region!r}")
+        messages = rec.get("messages")
+        pairs: list[tuple[str, str]] = []
+        for m in messages.elements() if not messages.missing else ():
+            if not (isinstance(m.value, list) and len(m.value) == 2
+                    and all(isinstance(x, str) for x in m.value)):  # fmt: skip
+                m.fail(f"must be a [role, content] pair of strings, got {m.value!r}")
+                continue
+            pairs.append((m.value[0], m.value[1]))
+        prefix_key = rec.get("prefix_key")
+        if not prefix_key.missing and not isinstance(prefix_key.value, str):
+            prefix_key.fail(f"must be a string, got {prefix_key.value!r}")
+        record = TraceRecord(
+            at_s=rec.get("at_s").number(lo=0, hi=MAX_DURATION_S),
+            site=site,
+            model=model,
+            prompt_tokens=prompt,
+            output_tokens=output,
+            max_tokens=rec.get("max_tokens").integer(output, lo=output, hi=MAX_REQUEST_TOKENS),
+            prefix_key=prefix_key.value if isinstance(prefix_key.value, str) else "",
+            prefix_tokens=rec.get("prefix_tokens").integer(0, hi=prompt),
+            hash_blocks=hash_blocks,
+            shared_hash_blocks=rec.get("shared_hash_blocks").integer(0, hi=hash_blocks),
+            tier=TIERS[rec.get("tier").string("standard", choices=tuple(TIERS))],
+            allowed_regions=frozenset(allowed),
+            messages=tuple(pairs),
+        )
+        return record if len(rec.problems.items) == before else None
 
     def background(self, node: Node, regions: tuple[str, ...]) -> list[Background]:
         if node.missing:

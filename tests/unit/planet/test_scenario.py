@@ -285,3 +285,75 @@ def test_combine_of_a_malformed_result_keeps_the_good_results_json_it_would_over
     assert exit_.value.code == 2
     assert "--combine: a result is malformed" in capsys.readouterr().err
     assert (out / "results.json").read_text() == json.dumps(result, indent=1)
+
+
+GOOD_RECORD = {"at_s": 1.5, "site": "seoul", "model": "m", "prompt_tokens": 90, "output_tokens": 9}
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        ({"at_s": -5}, "line 1).at_s: must be >= 0 and <= 604800, got -5"),
+        ({"prompt_tokens": -930}, "line 1).prompt_tokens: must be >= 0"),
+        ({"prompt_tokens": 1e300}, "line 1).prompt_tokens: must be an integer"),
+        ({"output_tokens": 0}, "line 1).output_tokens: must be >= 1"),
+        ({"max_tokens": 3}, "line 1).max_tokens: must be >= 9"),
+        ({"prefix_tokens": 91}, "line 1).prefix_tokens: must be >= 0 and <= 90"),
+        ({"site": "paris"}, "line 1).site: must be one of seoul, tokyo, got 'paris'"),
+        ({"model": "gpt-9"}, "line 1).model: no worker serves model 'gpt-9'"),
+        ({"tier": "gold"}, "line 1).tier: must be one of low, standard, high"),
+        ({"allowed_regions": ["mars"]}, "line 1).allowed_regions: unknown region 'mars'"),
+        ({"messages": [1]}, "line 1).messages[0]: must be a [role, content] pair of strings"),
+        ({"colour": "red"}, "line 1).colour: unknown key"),
+    ],
+)
+def test_a_bad_trace_record_names_the_line_and_the_field(
+    tmp_path: Path, small: dict[str, Any], edit: dict[str, Any], problem: str
+) -> None:
+    import json
+
+    (tmp_path / "trace.jsonl").write_text(json.dumps({**GOOD_RECORD, **edit}) + "\n")
+    found = problems_at({**small, "traffic": {"trace": "trace.jsonl"}}, tmp_path)
+    assert any(f"traffic.trace (trace.jsonl {problem}" in p for p in found), found
+
+
+def test_a_trace_record_that_is_not_json_or_not_finite_is_a_located_problem(
+    tmp_path: Path, small: dict[str, Any]
+) -> None:
+    lines = ['{"at_s": NaN, "site": "seoul"}', "[" * 100_000, "{{"]
+    (tmp_path / "trace.jsonl").write_text("\n".join(lines) + "\n")
+    found = problems_at({**small, "traffic": {"trace": "trace.jsonl"}}, tmp_path)
+    assert any("(trace.jsonl line 1).at_s: must be a number, got nan" in p for p in found)
+    assert any("(trace.jsonl line 2): not JSON: maximum recursion depth" in p for p in found)
+    assert any("(trace.jsonl line 3): not JSON: Expecting property name" in p for p in found)
+
+
+def test_a_trace_of_many_bad_lines_lists_the_first_twenty_and_counts_the_rest(
+    tmp_path: Path, small: dict[str, Any]
+) -> None:
+    import json
+
+    good = json.dumps(GOOD_RECORD)
+    bad = json.dumps({**GOOD_RECORD, "output_tokens": 0})
+    (tmp_path / "trace.jsonl").write_text("\n".join([good] + [bad] * 5000) + "\n")
+    found = problems_at({**small, "traffic": {"trace": "trace.jsonl"}}, tmp_path)
+    assert len(found) == 21
+    assert found[-1] == "traffic.trace: and 4980 more bad lines"
+
+
+def test_a_good_trace_record_is_read_with_its_defaults(
+    tmp_path: Path, small: dict[str, Any]
+) -> None:
+    import json
+
+    (tmp_path / "trace.jsonl").write_text(json.dumps(GOOD_RECORD) + "\n")
+    sc = build({**small, "traffic": {"trace": "trace.jsonl"}}, source="s.yaml", base=tmp_path)
+    assert sc.traffic.trace is not None
+    (record,) = sc.traffic.trace
+    assert (record.at_s, record.site, record.prompt_tokens, record.max_tokens) == (
+        1.5,
+        "seoul",
+        90,
+        9,
+    )
+    assert (record.prefix_key, record.prefix_tokens, record.allowed_regions) == ("", 0, frozenset())
