@@ -8,6 +8,7 @@ globals or the environment. The admin API is a separate application on its own p
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from dataclasses import dataclass
 
@@ -37,7 +38,7 @@ from services.edge.pipeline import (
     build_chain,
     ordered_middlewares,
 )
-from services.edge.ratelimit.limiter import RateLimiter
+from services.edge.ratelimit.limiter import FailureMode, RateLimiter
 from services.edge.redisconn import RedisClient
 from services.edge.stages.admit import Admit
 from services.edge.stages.authenticate import Authenticate
@@ -236,21 +237,33 @@ async def healthz(request: web.Request) -> web.Response:
 
 
 async def readyz(request: web.Request) -> web.Response:
-    """Ready when not draining, Redis answers and some model is servable (by the router, or
-    by its last view while it is unreachable)."""
+    """Ready when not draining, some model is servable (by the router, or by its last view
+    while it is unreachable) and — with ``--redis-failure-mode closed`` only — Redis answers.
+
+    In the default open mode an edge without Redis still serves the keys it has verified on
+    local limits (the documented degraded mode), so it stays in its load balancer's rotation:
+    a probe that failed here would take every edge out of service a few seconds into any
+    Redis outage. The check is still reported, and the body says ``degraded``."""
     deps = request.app[DEPS]
     checks: dict[str, bool] = {}
     try:
-        checks["redis"] = bool(await deps.redis.ping())
-    except (redis.exceptions.RedisError, OSError):
+        checks["redis"] = bool(await asyncio.wait_for(deps.redis.ping(), READY_REDIS_TIMEOUT_S))
+    except (redis.exceptions.RedisError, OSError, TimeoutError):
         checks["redis"] = False
     checks["router"] = await deps.router.ready()
     if deps.lifecycle.draining:
         return web.json_response({"status": "draining", "checks": checks}, status=503)
-    ok = all(checks.values())
-    return web.json_response(
-        {"status": "ready" if ok else "not ready", "checks": checks}, status=200 if ok else 503
-    )
+    redis_required = deps.limiter.config.failure_mode is FailureMode.CLOSED
+    ok = checks["router"] and (checks["redis"] or not redis_required)
+    body: dict[str, object] = {"status": "ready" if ok else "not ready", "checks": checks}
+    if ok and not checks["redis"]:
+        body["degraded"] = ["redis"]
+    return web.json_response(body, status=200 if ok else 503)
+
+
+READY_REDIS_TIMEOUT_S = 1.0
+"""How long /readyz waits for Redis's PING: a probe must answer within its own timeout (one
+second by default in Kubernetes) even while Redis hangs."""
 
 
 def build_app(deps: EdgeDeps, web_state: WebState | None = None) -> web.Application:

@@ -106,6 +106,39 @@ async def test_redis_down_fail_open_serves_known_keys_with_local_limits_then_rec
     assert counters.limiter_fail_open == fail_open
 
 
+async def readiness(edge: RunningEdge) -> tuple[int, dict[str, object]]:
+    async with aiohttp.ClientSession() as http, http.get(f"{edge.url}/readyz") as resp:
+        return resp.status, await resp.json()
+
+
+async def test_redis_down_keeps_a_fail_open_edge_ready_and_degraded_and_a_closed_one_not(
+    outage: RedisOutage,
+) -> None:
+    """A load balancer must keep sending to an edge that still serves: in open mode an edge
+    without Redis serves the keys it knows, so /readyz stays 200 (saying so); closed, 503."""
+    for edge in (outage.stack.edge, outage.closed):
+        assert await readiness(edge) == (
+            200, {"status": "ready", "checks": {"redis": True, "router": True}}
+        )  # fmt: skip
+    await outage.stop_redis()
+    assert await readiness(outage.stack.edge) == (
+        200,
+        {"status": "ready", "checks": {"redis": False, "router": True}, "degraded": ["redis"]},
+    )
+    assert await readiness(outage.closed) == (
+        503, {"status": "not ready", "checks": {"redis": False, "router": True}}
+    )  # fmt: skip
+    outage.start_redis()
+    outage.clock.advance(1.1)
+
+    for _ in range(100):  # the redis client reconnects on its own; a few tries at most
+        answers = [await readiness(e) for e in (outage.stack.edge, outage.closed)]
+        if all(a[0] == 200 and "degraded" not in a[1] for a in answers):
+            break
+        await asyncio.sleep(0.05)
+    assert answers == [(200, {"status": "ready", "checks": {"redis": True, "router": True}})] * 2
+
+
 async def test_redis_down_fail_closed_answers_503_then_recovers(outage: RedisOutage) -> None:
     edge = outage.closed
     limited = await edge.new_key("limited", limits=Limits(rpm=100))
