@@ -29,7 +29,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Annotated, Any, TypeVar
 
-import redis.exceptions
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -38,6 +37,7 @@ from services.common.errors import AuthenticationFailed, InvalidRequest, Unavail
 from services.common.httpapp import hide_version_banner
 from services.edge.counters import EdgeCounters
 from services.edge.middleware.error_boundary import error_boundary, expect_handler
+from services.edge.redisconn import REDIS_FAILURES
 from services.edge.request_body import content_coding, decode_body
 from services.edge.tenancy.apikeys import KeyRecord
 from services.edge.tenancy.directory import MAX_GRACE_S, Directory
@@ -86,7 +86,7 @@ async def redis_unavailable(request: web.Request, handler: Handler) -> web.Strea
     traceback), as the console does; the chat API is unaffected."""
     try:
         return await handler(request)
-    except (redis.exceptions.RedisError, OSError):
+    except REDIS_FAILURES:
         raise Unavailable(
             "The admin API cannot reach Redis right now; try again shortly.", retry_after_s=2.0
         ) from None

@@ -12,7 +12,6 @@ import asyncio
 import uuid
 from dataclasses import dataclass
 
-import redis.exceptions
 from aiohttp import web
 
 from services.common import capabilities
@@ -39,7 +38,7 @@ from services.edge.pipeline import (
     ordered_middlewares,
 )
 from services.edge.ratelimit.limiter import FailureMode, RateLimiter
-from services.edge.redisconn import RedisClient
+from services.edge.redisconn import REDIS_FAILURES, RedisClient
 from services.edge.stages.admit import Admit
 from services.edge.stages.authenticate import Authenticate
 from services.edge.stages.connection_guard import ConnectionGuard
@@ -248,7 +247,7 @@ async def readyz(request: web.Request) -> web.Response:
     checks: dict[str, bool] = {}
     try:
         checks["redis"] = bool(await asyncio.wait_for(deps.redis.ping(), READY_REDIS_TIMEOUT_S))
-    except (redis.exceptions.RedisError, OSError, TimeoutError):
+    except REDIS_FAILURES:  # TimeoutError (wait_for) is an OSError
         checks["redis"] = False
     checks["router"] = await deps.router.ready()
     if deps.lifecycle.draining:

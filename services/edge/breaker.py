@@ -28,13 +28,14 @@ from services.common.clock import Clock
 from services.common.logs import event
 from services.common.loopwatch import LoopWatch
 from services.edge.counters import EdgeCounters
+from services.edge.redisconn import REDIS_FAILURES
 
 log = logging.getLogger("meridian.edge.redis")
 
 T = TypeVar("T")
 
 _TIMEOUTS = (redis.exceptions.TimeoutError, TimeoutError)
-FAILURES = (redis.exceptions.RedisError, OSError)
+FAILURES = REDIS_FAILURES
 #: A timeout is the edge's own when its loop was stalled for at least this share of the wait.
 _STALLED_SHARE = 0.5
 

@@ -56,6 +56,15 @@ from services.common.logs import event
 #: does (strings, hashes, sets, sorted sets, scripts, pipelines, pub/sub).
 RedisClient = aioredis.Redis | RedisCluster
 
+REDIS_FAILURES: tuple[type[BaseException], ...] = (
+    redis.exceptions.RedisError,
+    redis.exceptions.RedisClusterException,  # not a RedisError: "no reachable node" at (re)start
+    OSError,
+)
+"""What a Redis call raises when Redis is down, slow or unreachable, on every topology: each
+caller's failure policy (breaker, fail-open, 503) must see all of it, or a whole cluster
+being down is a 500."""
+
 log = logging.getLogger("meridian.edge.redis")
 
 
@@ -328,12 +337,12 @@ async def follow_failovers(client: RedisClient, stop: asyncio.Event) -> None:
                     # through the one retry on connection errors; pub/sub resubscribes.
                     await pool.disconnect(inuse_connections=True)
                     event(log, "redis.primary_switched", master=pool.service_name, to=address)
-        except (redis.exceptions.RedisError, OSError) as err:
+        except REDIS_FAILURES as err:
             event(log, "redis.sentinel_unreachable", level=logging.DEBUG, error=type(err).__name__)
             turn += 1
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(stop.wait(), backoff_s)
             backoff_s = min(backoff_s * 2, 2.0)
         finally:
-            with contextlib.suppress(redis.exceptions.RedisError, OSError):
+            with contextlib.suppress(*REDIS_FAILURES):
                 await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py

@@ -17,11 +17,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import aiohttp
-import redis.asyncio as aioredis
-import redis.exceptions
+from redis.asyncio.sentinel import MasterNotFoundError
 
 from services.common.clock import SYSTEM_CLOCK
 from services.common.net import redact_url
+from services.edge.redisconn import REDIS_FAILURES, RedisClient, connect, parse_redis_url
 from services.edge.selfsigned import write_self_signed
 from services.edge.tenancy.apikeys import KeyHasher, load_pepper, new_pepper
 from services.edge.tenancy.directory import Directory
@@ -286,7 +286,7 @@ class LocalStack:
     async def _create_demo_key(self) -> None:
         """The demo tenant (standard tier, no limits) and a fresh key for it."""
         hasher = KeyHasher(load_pepper(file=self._secret("key-pepper", new_pepper)))
-        client = aioredis.Redis.from_url(self.endpoints.redis_url)
+        client = _redis_client(self.endpoints.redis_url)
         try:
             directory = Directory(redis=client, hasher=hasher, clock=SYSTEM_CLOCK)
             await directory.ensure_tenant(Tenant(tenant_id="demo"))
@@ -383,12 +383,27 @@ class LocalStack:
             await self.redis.stop()
 
 
+def _redis_client(url: str, timeout_s: float = 5.0) -> RedisClient:
+    """A client for ``url`` as the edge makes it: standalone, Sentinel or Cluster URLs alike
+    (redis-py's ``from_url`` knows only the first), every bad URL a one-line error."""
+    try:
+        target = parse_redis_url(url)
+    except ValueError as err:
+        raise ProcessFailed(f"REDIS_URL {err}") from None
+    return connect(target, timeout_s=timeout_s)
+
+
 async def _check_redis(url: str) -> None:
     """A ``REDIS_URL`` the user gave must answer before anything starts on it."""
-    client = aioredis.Redis.from_url(url, socket_connect_timeout=5, socket_timeout=5)
+    client = _redis_client(url)
     try:
         await client.ping()
-    except (redis.exceptions.RedisError, OSError) as err:
+    except MasterNotFoundError:  # its message is the repr of every sentinel's pool
+        raise ProcessFailed(
+            f"REDIS_URL {redact_url(url)} does not answer: no sentinel answered, or none "
+            "knows that master's name"
+        ) from None
+    except REDIS_FAILURES as err:
         raise ProcessFailed(f"REDIS_URL {redact_url(url)} does not answer: {err}") from None
     finally:
         await client.aclose()

@@ -227,3 +227,29 @@ async def test_router_down_without_a_view_is_503(redis_url: str, stack: Stack) -
         assert fresh.counters.route_fallback_unavailable == 1
     finally:
         await fresh.stop()
+
+
+async def test_a_redis_cluster_with_no_reachable_node_is_503_not_500() -> None:
+    """redis-py's "Redis Cluster cannot be connected" (every seed node down, at start or on
+    a re-initialisation) is not a RedisError: every caller must still take it as Redis down."""
+    from services.common.net import free_port
+    from tests.support.builders import TEST_ADMIN_TOKEN
+
+    edge = await start_edge(
+        redis_url=f"redis+cluster://127.0.0.1:{free_port()}", router_address="127.0.0.1:1"
+    )
+    try:
+        status, headers = await ask(edge, "mk-" + "a" * 43)
+        assert (status, headers["Retry-After"]) == (503, "1")
+        async with aiohttp.ClientSession() as http:
+            async with http.get(
+                f"{edge.admin_url}/admin/tenants",
+                headers={"Authorization": f"Bearer {TEST_ADMIN_TOKEN}"},
+            ) as resp:
+                assert resp.status == 503, await resp.text()
+                assert "cannot reach Redis" in (await resp.json())["error"]["message"]
+            async with http.get(f"{edge.url}/readyz") as resp:
+                assert resp.status in (200, 503)  # the router is absent: not ready either way
+                assert (await resp.json())["checks"]["redis"] is False
+    finally:
+        await edge.stop()

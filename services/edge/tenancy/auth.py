@@ -22,7 +22,6 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from functools import partial
 
-import redis.exceptions
 from aiohttp import web
 from redis.asyncio.client import PubSub
 
@@ -31,7 +30,7 @@ from services.common.errors import AuthenticationFailed, PermissionDenied, Unava
 from services.common.logs import event
 from services.edge.breaker import Breaker, BreakerOpen
 from services.edge.counters import EdgeCounters
-from services.edge.redisconn import RedisClient, open_pubsub
+from services.edge.redisconn import REDIS_FAILURES, RedisClient, open_pubsub
 from services.edge.tenancy.apikeys import KeyHasher, KeyRecord, looks_like_key
 from services.edge.tenancy.directory import EVENTS_CHANNEL, Directory
 from services.edge.tenancy.tenants import Limits, Tenant
@@ -155,7 +154,7 @@ class Authenticator:
         principal: Principal | None = None
         try:
             principal = await self._lookup(digest)
-        except (redis.exceptions.RedisError, OSError) as err:
+        except REDIS_FAILURES as err:
             entry = self._cache.get(digest)
             if (
                 self._serve_stale
@@ -280,12 +279,12 @@ class Authenticator:
                     if msg is not None and msg.get("type") == "message":
                         data = msg["data"]
                         self.invalidate(data.decode() if isinstance(data, bytes) else str(data))
-            except (redis.exceptions.RedisError, OSError) as err:
+            except REDIS_FAILURES as err:
                 event(log, "auth.events_lost", level=logging.DEBUG, error=type(err).__name__)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(stop.wait(), backoff)
                 backoff = min(backoff * 2, 2.0)
             finally:
                 if pubsub is not None:
-                    with contextlib.suppress(redis.exceptions.RedisError, OSError):
+                    with contextlib.suppress(*REDIS_FAILURES):
                         await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py

@@ -31,13 +31,12 @@ from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import redis.exceptions
 from aiohttp import web
 
 from services.common.clock import Clock
 from services.common.errors import MeridianError, RateLimited, Unavailable
 from services.edge.guard import client_ip
-from services.edge.redisconn import RedisClient
+from services.edge.redisconn import REDIS_FAILURES, RedisClient
 
 SESSION_KEY_PREFIX = "meridian:console:session:"
 _MAX_SESSION_ID_CHARS = 128
@@ -184,7 +183,7 @@ def _redis_errors() -> Iterator[None]:
     """Redis unreachable: the console fails closed with a 503 (the chat API is unaffected)."""
     try:
         yield
-    except (redis.exceptions.RedisError, OSError):
+    except REDIS_FAILURES:
         raise Unavailable(
             "The console cannot check sessions right now; try again shortly.", retry_after_s=2.0
         ) from None

@@ -44,3 +44,28 @@ async def test_a_redis_url_that_does_not_answer_stops_the_stack_with_its_passwor
         ProcessFailed, match=r"REDIS_URL redis://:\*\*\*@127\.0\.0\.1:1 does not answer"
     ):
         await _check_redis("redis://:hunter2@127.0.0.1:1")
+
+
+@pytest.mark.parametrize(
+    ("url", "problem"),
+    [
+        ("garbage", r"REDIS_URL 'garbage': expected redis://HOST:PORT/DB"),
+        (
+            "redis+sentinel://u:hunter2@127.0.0.1:1/main",
+            r"REDIS_URL redis\+sentinel://u:\*\*\*@127\.0\.0\.1:1/main does not answer: no "
+            r"sentinel answered",
+        ),
+        (
+            "redis+cluster://127.0.0.1:1",
+            r"REDIS_URL redis\+cluster://127\.0\.0\.1:1 does not answer: Redis Cluster cannot be",
+        ),
+    ],
+)
+async def test_every_redis_url_the_edge_takes_is_checked_as_the_edge_would_connect(
+    url: str, problem: str
+) -> None:
+    """Sentinel and Cluster URLs are the edge's own (redisconn); redis-py's from_url refused
+    them with a traceback, as it did a URL without a scheme."""
+    with pytest.raises(ProcessFailed, match=problem) as failed:
+        await _check_redis(url)
+    assert "hunter2" not in str(failed.value)
