@@ -55,6 +55,7 @@ ROUTER_EMPTY: Final = "meridian.router.empty_decisions"  # by REASON
 ROUTER_DECISION_DURATION: Final = "meridian.router.decision.duration"  # us
 ROUTER_PLUGIN_DURATION: Final = "meridian.router.plugin.duration"  # us, by PLUGIN
 ROUTER_WORKERS: Final = "meridian.router.workers"  # healthy workers, by REGION
+ROUTER_OUTCOMES_REFUSED: Final = "meridian.router.outcomes.refused"  # malformed, by REASON
 
 # --- worker ---------------------------------------------------------------------------------
 WORKER_REQUESTS: Final = "meridian.worker.requests"  # by FINISH

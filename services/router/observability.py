@@ -71,6 +71,15 @@ class RouterTelemetry:
         # (region, signal) → decisions; reason → empty decisions: read at collection time.
         self._decided: collections.Counter[tuple[str, str]] = collections.Counter()
         self._empty: collections.Counter[str] = collections.Counter()
+        #: reason → outcome reports refused as malformed (RouteStream drops them: the stream
+        #: and its other outcomes go on).
+        self.refused_outcomes: collections.Counter[str] = collections.Counter()
+        meter.create_observable_counter(
+            mn.ROUTER_OUTCOMES_REFUSED,
+            callbacks=[self._observe_refused],
+            unit="{report}",
+            description="Outcome reports refused as malformed, by reason",
+        )
         meter.create_observable_counter(
             mn.ROUTER_DECISIONS,
             callbacks=[self._observe_decisions],
@@ -108,6 +117,11 @@ class RouterTelemetry:
         return [
             Observation(n, {mn.REGION: region, mn.SIGNAL: signal})
             for (region, signal), n in list(self._decided.items())
+        ]
+
+    def _observe_refused(self, options: CallbackOptions) -> Iterable[Observation]:
+        return [
+            Observation(n, {mn.REASON: reason}) for reason, n in list(self.refused_outcomes.items())
         ]
 
     def _observe_empty(self, options: CallbackOptions) -> Iterable[Observation]:

@@ -99,10 +99,31 @@ _PRIORITY_FROM_PB = {
 }
 
 
+_OUTCOMES = frozenset(router_pb2.Outcome.values()) - {router_pb2.OUTCOME_UNSPECIFIED}
+
+
+def outcome_problem(report: router_pb2.OutcomeReport) -> tuple[str, str] | None:
+    """(field, why) when an outcome report cannot be applied: it crossed the network, and an
+    unknown outcome used to release its in-flight slot as a success would."""
+    if not report.decision_id or len(report.decision_id) > limits.MAX_REQUEST_ID_CHARS:
+        return "decision_id", f"decision_id must be 1..{limits.MAX_REQUEST_ID_CHARS} characters"
+    if not report.worker_id or len(report.worker_id) > MAX_NAME_CHARS:
+        return "worker_id", f"worker_id must be 1..{MAX_NAME_CHARS} characters"
+    if report.outcome not in _OUTCOMES:
+        return "outcome", f"unknown outcome {report.outcome}"
+    if not (math.isfinite(report.ttft_ms) and report.ttft_ms >= 0):
+        return "ttft_ms", f"ttft_ms must be a finite number >= 0, got {report.ttft_ms}"
+    return None
+
+
 def query_from_pb(pb: router_pb2.RouteRequest) -> RouteQuery:
     """Validate a Route request (it crossed the network) and build the scheduler's query."""
-    if not pb.model or len(pb.model) > limits.MAX_MODEL_NAME_CHARS:
+    if not pb.model:
         raise InvalidRequest("model is required", param="model")
+    if len(pb.model) > limits.MAX_MODEL_NAME_CHARS:
+        raise InvalidRequest(
+            f"model is longer than {limits.MAX_MODEL_NAME_CHARS} characters", param="model"
+        )
     if len(pb.request_id) > limits.MAX_REQUEST_ID_CHARS:
         raise InvalidRequest("request_id is too long", param="request_id")
     if pb.priority not in _PRIORITY_FROM_PB:
@@ -124,9 +145,9 @@ def query_from_pb(pb: router_pb2.RouteRequest) -> RouteQuery:
     for name, items in (("allowed_regions", regions), ("exclude_worker_ids", excluded)):
         if len(items) > MAX_LIST_ITEMS:
             raise InvalidRequest(f"at most {MAX_LIST_ITEMS} {name} are accepted", param=name)
-        if any(len(item) > MAX_NAME_CHARS for item in items):
+        if any(not item or len(item) > MAX_NAME_CHARS for item in items):
             raise InvalidRequest(
-                f"every {name} item must be at most {MAX_NAME_CHARS} characters", param=name
+                f"every {name} item must be a name of 1..{MAX_NAME_CHARS} characters", param=name
             )
     # Most requests name no regions and exclude no one: the empty sets are shared.
     return RouteQuery(
@@ -306,7 +327,7 @@ class RouterService(router_pb2_grpc.RouterServicer):
                     ),
                 )
             if msg.outcomes:
-                self._outcomes(msg.outcomes)
+                self._outcomes(msg.outcomes, drop_malformed=True)
             if not msg.call_id:
                 continue
             parent = extract_carrier(msg.metadata) if msg.metadata else _EMPTY_CONTEXT
@@ -407,6 +428,10 @@ class RouterService(router_pb2_grpc.RouterServicer):
         request: router_pb2.OutcomeReport,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> router_pb2.OutcomeAck:
+        problem = outcome_problem(request)
+        if problem is not None:
+            self.telemetry.refused_outcomes[problem[0]] += 1
+            await abort_with(context, InvalidRequest(problem[1], param=problem[0]))
         self._outcome(request, self._clock.monotonic())
         return router_pb2.OutcomeAck()
 
@@ -422,12 +447,26 @@ class RouterService(router_pb2_grpc.RouterServicer):
                     f"at most {MAX_OUTCOMES_PER_BATCH} outcomes per batch", param="reports"
                 ),
             )
+        for i, report in enumerate(request.reports):  # all or nothing: the batch is refused
+            problem = outcome_problem(report)
+            if problem is not None:
+                self.telemetry.refused_outcomes[problem[0]] += 1
+                await abort_with(
+                    context, InvalidRequest(problem[1], param=f"reports[{i}].{problem[0]}")
+                )
         self._outcomes(request.reports)
         return router_pb2.OutcomeAck()
 
-    def _outcomes(self, reports: Iterable[router_pb2.OutcomeReport]) -> None:
+    def _outcomes(
+        self, reports: Iterable[router_pb2.OutcomeReport], *, drop_malformed: bool = False
+    ) -> None:
         now = self._clock.monotonic()
         for report in reports:
+            if drop_malformed:
+                problem = outcome_problem(report)
+                if problem is not None:  # counted; the stream and its requests go on
+                    self.telemetry.refused_outcomes[problem[0]] += 1
+                    continue
             self._outcome(report, now)
 
     def _outcome(self, report: router_pb2.OutcomeReport, now: float) -> None:
@@ -527,8 +566,16 @@ class RouterService(router_pb2_grpc.RouterServicer):
         request: router_pb2.ExplainRequestQuery,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> router_pb2.RequestExplanation:
-        if not request.request_id or len(request.request_id) > limits.MAX_REQUEST_ID_CHARS:
+        if not request.request_id:
             await abort_with(context, InvalidRequest("request_id is required", param="request_id"))
+        if len(request.request_id) > limits.MAX_REQUEST_ID_CHARS:
+            await abort_with(
+                context,
+                InvalidRequest(
+                    f"request_id is longer than {limits.MAX_REQUEST_ID_CHARS} characters",
+                    param="request_id",
+                ),
+            )
         entries = [
             e
             for e in self.journal.for_request(request.request_id)

@@ -87,6 +87,48 @@ async def test_outcomes_ride_the_stream_with_the_next_request() -> None:
         await worker.stop()
 
 
+async def test_malformed_outcomes_are_refused_by_name_or_dropped_from_the_stream() -> None:
+    """An unknown outcome used to release its in-flight slot as a success would; a NaN TTFT
+    or an empty id was taken as well. Unary calls answer INVALID_ARGUMENT naming the field;
+    on RouteStream the bad report is dropped and counted, and the stream goes on."""
+    worker = await start_worker(SimEngine(SimConfig()), worker_id="w1", region="kr")
+    router = await start_router([worker.address], report_interval_ms=10_000)
+    client = RouterClient(router.address, outcome_flush_s=60.0)
+    channel = insecure_channel(router.address)
+    stub = router_pb2_grpc.RouterStub(channel)
+    try:
+        await router.wait_healthy(1)
+        first = await client.route(router_pb2.RouteRequest(request_id="a", model="meridian-sim"))
+        bad = router_pb2.OutcomeReport(decision_id=first.decision_id, worker_id="w1", outcome=99)
+        with pytest.raises(grpc.aio.AioRpcError) as unary:
+            await stub.ReportOutcome(bad, timeout=2.0)
+        assert unary.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert unary.value.details() == "unknown outcome 99"
+        nan = router_pb2.OutcomeReport(
+            decision_id=first.decision_id, worker_id="w1", outcome=1, ttft_ms=float("nan")
+        )
+        with pytest.raises(grpc.aio.AioRpcError) as batch:
+            await stub.ReportOutcomes(router_pb2.OutcomeBatch(reports=[nan, nan]), timeout=2.0)
+        assert batch.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+        refused = from_grpc(
+            batch.value.code(), batch.value.details(), batch.value.trailing_metadata()
+        )
+        assert refused.param == "reports[0].ttft_ms"
+        (snap,) = router.fleet.snapshots(SYSTEM_CLOCK.monotonic())
+        assert snap.in_flight == 1  # none of them released "a"
+
+        client.report_outcome(bad)
+        await client.route(router_pb2.RouteRequest(request_id="b", model="meridian-sim"))
+        (snap,) = router.fleet.snapshots(SYSTEM_CLOCK.monotonic())
+        assert snap.in_flight == 2  # "a" still held, "b" added: the stream went on
+        assert router.service.telemetry.refused_outcomes == {"outcome": 2, "ttft_ms": 1}
+    finally:
+        await channel.close()
+        await client.close()
+        await router.stop()
+        await worker.stop()
+
+
 async def test_a_broken_stream_is_unreachable_and_the_next_call_reopens_it() -> None:
     worker = await start_worker(SimEngine(SimConfig()), worker_id="w1", region="kr")
     router = await start_router([worker.address])
