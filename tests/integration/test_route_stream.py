@@ -99,13 +99,17 @@ async def test_malformed_outcomes_are_refused_by_name_or_dropped_from_the_stream
     try:
         await router.wait_healthy(1)
         first = await client.route(router_pb2.RouteRequest(request_id="a", model="meridian-sim"))
-        bad = router_pb2.OutcomeReport(decision_id=first.decision_id, worker_id="w1", outcome=99)
+        bad = router_pb2.OutcomeReport(decision_id=first.decision_id, worker_id="w1")
+        bad.outcome = 99  # type: ignore[assignment]  # an enum value this build does not know
         with pytest.raises(grpc.aio.AioRpcError) as unary:
             await stub.ReportOutcome(bad, timeout=2.0)
         assert unary.value.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert unary.value.details() == "unknown outcome 99"
         nan = router_pb2.OutcomeReport(
-            decision_id=first.decision_id, worker_id="w1", outcome=1, ttft_ms=float("nan")
+            decision_id=first.decision_id,
+            worker_id="w1",
+            outcome=router_pb2.OUTCOME_SUCCESS,
+            ttft_ms=float("nan"),
         )
         with pytest.raises(grpc.aio.AioRpcError) as batch:
             await stub.ReportOutcomes(router_pb2.OutcomeBatch(reports=[nan, nan]), timeout=2.0)
