@@ -11,11 +11,14 @@ The local rule (:func:`rank_locally`): keep workers that are healthy, not draini
 model READY with what the request needs (the router's capability rule), are in an allowed region
 and not excluded; order by load — (running + waiting + assigned) / max_running, in steps of 0.1
 so near-equal loads tie — then by RTT, ties broken at random. Requests this edge sends while
-falling back are added to the load of their worker until the next view arrives, or for at most
-``assigned_ttl_s`` (about a request's life), so a burst does not pile onto one worker. The age
-limit matters when the router is hung: no view arrives, and counts that only grew would become
-the history of the whole outage — a burst to one region early on would keep other traffic off
-its workers long after they went idle.
+falling back are added to the load of their worker until their outcome is reported (the
+request ended), the next view arrives, or ``assigned_ttl_s`` (about a request's life) has
+passed, so a burst does not pile onto one worker while finished requests stop counting (counts
+that only aged out made ~5 s of light traffic look like a full fleet, and load steps of 0.1
+then spread it round-robin over every region). The age limit matters when the router is hung:
+no view arrives, and an outcome can be lost. A worker this edge saw fail (an outcome
+``FAILED``) within ``failed_for_s`` is ranked after every other candidate: the last view
+cannot know it died, and it would otherwise stay first.
 
 The fallback is used only when the router did not answer (:class:`RouterUnreachable`: a
 deadline, a refused connection); a router that answers with an error (unknown model, no
@@ -47,7 +50,7 @@ import logging
 import random
 import uuid
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Container, Mapping, Sequence
 from dataclasses import dataclass
 
 from meridian.v1 import router_pb2, worker_pb2
@@ -73,6 +76,7 @@ class ViewConfig:
     backoff_after: int = 2
     #: How long a request routed from the view counts as load on its worker, at most.
     assigned_ttl_s: float = 5.0
+    failed_for_s: float = 5.0
 
     def __post_init__(self) -> None:
         if not 0 < self.refresh_every_s <= self.max_age_s:
@@ -83,6 +87,8 @@ class ViewConfig:
             raise ValueError("need backoff_after >= 1")
         if self.assigned_ttl_s <= 0:
             raise ValueError("need assigned_ttl_s > 0")
+        if self.failed_for_s < 0:
+            raise ValueError("need failed_for_s >= 0")
 
 
 def _serves(worker: router_pb2.WorkerView, model: str, needs: capabilities.Needs) -> bool:
@@ -102,12 +108,14 @@ def rank_locally(
     *,
     rng: random.Random,
     assigned: Mapping[str, int],
+    failed: Container[str] = frozenset(),
 ) -> tuple[router_pb2.Candidate, ...]:
-    """Candidates for ``request`` from ``view``, best first (see the module docstring)."""
+    """Candidates for ``request`` from ``view``, best first (see the module docstring);
+    workers in ``failed`` last."""
     allowed = set(request.allowed_regions)
     excluded = set(request.exclude_worker_ids)
     needs = capabilities.Needs.from_pb(request)
-    rows: list[tuple[float, float, float, float, router_pb2.WorkerView]] = []
+    rows: list[tuple[bool, float, float, float, float, router_pb2.WorkerView]] = []
     for w in view.workers:
         if not w.healthy or w.load.draining or w.worker_id in excluded:
             continue
@@ -117,8 +125,8 @@ def rank_locally(
             continue
         busy = w.load.running + w.load.waiting + w.in_flight_assigned + assigned.get(w.worker_id, 0)
         load = busy / max(w.load.max_running, 1)
-        rows.append((round(load, 1), w.rtt_ms, rng.random(), load, w))
-    rows.sort(key=lambda r: r[:3])
+        rows.append((w.worker_id in failed, round(load, 1), w.rtt_ms, rng.random(), load, w))
+    rows.sort(key=lambda r: r[:4])
     return tuple(
         router_pb2.Candidate(
             worker_id=w.worker_id,
@@ -126,7 +134,7 @@ def rank_locally(
             address=w.address,
             score=max(0.0, 1.0 - min(load, 1.0)),
         )
-        for _, _, _, load, w in rows
+        for _, _, _, _, load, w in rows
     )
 
 
@@ -149,9 +157,12 @@ class ResilientRouter:
         self._rng = rng or random.Random()
         self._view: router_pb2.RouterView | None = None
         self._view_at = 0.0
-        # Requests routed from the view since it arrived, by worker, and when (oldest first).
+        # Requests routed from the view since it arrived and not yet ended, by worker; each
+        # local decision's worker; when each was made (oldest first); workers seen failing.
         self._assigned: dict[str, int] = {}
+        self._local: dict[str, str] = {}
         self._assigned_at: deque[tuple[float, str]] = deque()
+        self._failed_at: dict[str, float] = {}
         # The backoff (module docstring): when it started (None: ask the router), the period
         # the next one starts with, how many have ended, and the one probe.
         self._backed_off_at: float | None = None
@@ -220,7 +231,9 @@ class ResilientRouter:
         if view is None:
             self._counters.route_fallback_unavailable += 1
             raise err
-        candidates = rank_locally(view, request, rng=self._rng, assigned=self._assigned_now())
+        candidates = rank_locally(
+            view, request, rng=self._rng, assigned=self._assigned_now(), failed=self._failed_now()
+        )
         if not candidates:
             self._counters.route_fallback_unavailable += 1
             unsupported = unsupported_in_view(view, request)
@@ -229,11 +242,13 @@ class ResilientRouter:
             raise err
         self._counters.route_fallback_used += 1
         first = candidates[0].worker_id
+        decision_id = f"local-{uuid.uuid4().hex[:16]}"
         self._assigned[first] = self._assigned.get(first, 0) + 1
-        self._assigned_at.append((self._clock.monotonic(), first))
+        self._local[decision_id] = first
+        self._assigned_at.append((self._clock.monotonic(), decision_id))
         event(log, "route.fallback", request_id=request.request_id, worker_id=first)
         return RouteResult(
-            decision_id=f"local-{uuid.uuid4().hex[:16]}",
+            decision_id=decision_id,
             candidates=candidates,
             explanation="router unreachable: ranked locally from its last view",
         )
@@ -242,12 +257,26 @@ class ResilientRouter:
         """The fallback's own load per worker, without what is older than ``assigned_ttl_s``."""
         cutoff = self._clock.monotonic() - self._config.assigned_ttl_s
         while self._assigned_at and self._assigned_at[0][0] <= cutoff:
-            _, worker_id = self._assigned_at.popleft()
-            if (left := self._assigned[worker_id] - 1) > 0:
-                self._assigned[worker_id] = left
-            else:
-                del self._assigned[worker_id]
+            self._release(self._assigned_at.popleft()[1])
         return self._assigned
+
+    def _release(self, decision_id: str) -> None:
+        """A local decision's request ended (or aged out): its worker's count goes down."""
+        worker_id = self._local.pop(decision_id, None)
+        if worker_id is None:
+            return  # released already (its outcome, then its age), or from an older view
+        if (left := self._assigned[worker_id] - 1) > 0:
+            self._assigned[worker_id] = left
+        else:
+            del self._assigned[worker_id]
+
+    def _failed_now(self) -> Container[str]:
+        if not self._failed_at:
+            return frozenset()
+        cutoff = self._clock.monotonic() - self._config.failed_for_s
+        for worker_id in [w for w, at in self._failed_at.items() if at <= cutoff]:
+            del self._failed_at[worker_id]
+        return self._failed_at.keys()
 
     def _back_off(self, err: RouterUnreachable, recoveries: int) -> None:
         """Stop asking the router, and start the probe — unless it is backed off already, or
@@ -325,6 +354,10 @@ class ResilientRouter:
         return view is not None and len(models_from_view(view).models) > 0
 
     def report_outcome(self, report: router_pb2.OutcomeReport) -> None:
+        if report.outcome == router_pb2.OUTCOME_FAILED:
+            self._failed_at[report.worker_id] = self._clock.monotonic()
+        if self._local:
+            self._release(report.decision_id)
         self.client.report_outcome(report)
 
     async def refresh(self) -> None:
@@ -333,7 +366,9 @@ class ResilientRouter:
         self._view = view
         self._view_at = self._clock.monotonic()
         self._assigned.clear()
+        self._local.clear()
         self._assigned_at.clear()
+        self._failed_at.clear()  # the router's view says who is healthy now
         self._counters.view_refreshes += 1
 
     async def run(self, stop: asyncio.Event) -> None:

@@ -197,3 +197,69 @@ def test_while_the_router_is_down_the_view_honours_capabilities() -> None:
     assert err is not None
     assert err.param == "input"
     assert err.code == "unsupported_capability"
+
+
+def _fallback_router(clock: ManualClock) -> ResilientRouter:
+    router = ResilientRouter(
+        client=RouterClient(f"127.0.0.1:{free_port()}", timeout_s=0.5),  # unreachable
+        clock=clock,
+        counters=EdgeCounters(),
+        config=ViewConfig(assigned_ttl_s=5.0, failed_for_s=5.0),
+        rng=random.Random(1),
+    )
+    router._view = router_pb2.RouterView(
+        workers=[
+            worker("kr1", rtt=2, max_running=4),
+            worker("kr2", rtt=3, max_running=4),
+            worker("us1", region="us", rtt=140, max_running=4),
+        ]
+    )
+    router._view_at = clock.monotonic()
+    return router
+
+
+async def test_a_fallback_request_that_ended_no_longer_counts_as_load() -> None:
+    """Light traffic (one request at a time) stays on the nearest worker: each request's
+    outcome releases its count. Counted until they aged out, 5 s of finished requests made
+    every worker look full, and the load steps spread them round-robin over every region."""
+    clock = ManualClock()
+    router = _fallback_router(clock)
+    try:
+        firsts = []
+        for _ in range(20):
+            result = await router.route(router_pb2.RouteRequest(model="m"))
+            first = result.candidates[0].worker_id
+            firsts.append(first)
+            router.report_outcome(
+                router_pb2.OutcomeReport(
+                    decision_id=result.decision_id,
+                    worker_id=first,
+                    outcome=router_pb2.OUTCOME_SUCCESS,
+                )
+            )
+            clock.advance(0.2)
+        assert firsts == ["kr1"] * 20
+        assert router._assigned == {}
+    finally:
+        await router.close()
+
+
+async def test_a_worker_seen_failing_is_ranked_last_while_the_router_is_down() -> None:
+    """The last view cannot know that kr1 died; the edge's own FAILED outcome does."""
+    clock = ManualClock()
+    router = _fallback_router(clock)
+    try:
+        result = await router.route(router_pb2.RouteRequest(model="m"))
+        assert result.candidates[0].worker_id == "kr1"
+        router.report_outcome(
+            router_pb2.OutcomeReport(
+                decision_id=result.decision_id, worker_id="kr1", outcome=router_pb2.OUTCOME_FAILED
+            )
+        )
+        again = await router.route(router_pb2.RouteRequest(model="m"))
+        assert [c.worker_id for c in again.candidates] == ["kr2", "us1", "kr1"]
+        clock.advance(5.0)  # failed_for_s: it may have been restarted
+        later = await router.route(router_pb2.RouteRequest(model="m"))
+        assert later.candidates[0].worker_id == "kr1"
+    finally:
+        await router.close()
