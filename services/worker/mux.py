@@ -121,18 +121,28 @@ class MuxSession:
         self._frames: list[worker_pb2.MuxFrame] = []  # written in order; the last one fills
         self._wake = asyncio.Event()
         self._closed = False
-        self._finishing = False  # the edge half-closed: write what is left, then return
+        self._finishing = False  # no more requests: write what is left, then return
+        self._shut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self.frames = 0
         self.events = 0
 
+    def shut(self) -> None:
+        """The worker is stopping (its drain has ended or handed off every stream): read no
+        more requests, write what the streams left (their last chunks and ends) and end the
+        call with OK — the edge reads a clean end, not a call cut by the server's stop."""
+        if not self._shut.done():
+            self._shut.set_result(None)
+
     async def serve(self, requests: AsyncIterator[worker_pb2.MuxRequest]) -> None:
         writer = asyncio.create_task(self._write_frames())
+        reader = asyncio.create_task(self._read_requests(requests))
         broken: MuxProtocolError | None = None
         try:
-            async for request in requests:
-                self._apply(request)
-            # The edge half-closed: it sends nothing more, but its open streams still get
-            # their tokens and their MuxEnd (they were dropped, with no end, before).
+            await asyncio.wait((reader, self._shut), return_when=asyncio.FIRST_COMPLETED)
+            if reader.done():
+                reader.result()  # a broken protocol or a broken call raises here
+            # The edge half-closed (it sends nothing more) or the worker is stopping: the
+            # open streams still get their tokens and their MuxEnd, then the call ends OK.
             await self._finish(writer)
         except (grpc.aio.AioRpcError, asyncio.CancelledError):
             pass  # the edge went away: its streams end with the call
@@ -140,16 +150,23 @@ class MuxSession:
             broken = err
         finally:
             self._closed = True
+            reader.cancel()
             tasks = [s.task for s in self._streams.values() if s.task is not None]
             for task in tasks:
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(reader, *tasks, return_exceptions=True)
             writer.cancel()
             with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
                 await writer
             event(log, "mux.closed", frames=self.frames, events=self.events)
         if broken is not None:
             await self._context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(broken))
+
+    async def _read_requests(self, requests: AsyncIterator[worker_pb2.MuxRequest]) -> None:
+        """Apply the edge's messages until it half-closes. A task of its own, so that a
+        stopping worker can stop reading (:meth:`shut`) while a read is pending."""
+        async for request in requests:
+            self._apply(request)
 
     async def _finish(self, writer: asyncio.Task[None]) -> None:
         for stream in self._streams.values():

@@ -13,8 +13,10 @@ start
 stop
     health NOT_SERVING, drain (no new requests; in-flight ones get ``drain_grace_s`` to
     finish, the rest are aborted in the engine), health shut down (every watcher sees
-    NOT_SERVING), ``server.stop(grace)``, then the engine is shut down. A stop while the
-    engine is still loading cancels the load.
+    NOT_SERVING), the long-lived calls ended with OK (each WatchLoad stream's last report
+    says draining; each GenerateMux call writes its streams' hand-offs and ends), then
+    ``server.stop(grace)`` and the engine is shut down. A stop while the engine is still
+    loading cancels the load.
 """
 
 from __future__ import annotations
@@ -38,6 +40,9 @@ from services.worker.service import EARLY_REPORT_LOAD, WorkerService
 log = logging.getLogger("meridian.worker")
 
 HEALTH_SERVICE = "meridian.v1.Worker"
+#: How long ``stop`` waits for the long-lived calls to end (they end at once unless a client
+#: stopped reading), and again for the handlers ``server.stop`` cancelled to finish.
+STREAMS_CLOSE_S = 2.0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -186,9 +191,15 @@ class WorkerServer:
         await self.health.set_serving(False)
         aborted = await self.service.drain(self.config.drain_grace_s)
         await self.health.shutdown()
+        # The long-lived calls (load streams, GenerateMux) end with OK before the server
+        # stops, rather than being cut by it mid-wait.
+        await self.service.close_streams(STREAMS_CLOSE_S)
         if self._server is not None:
             await self._server.stop(grace=self.config.stop_grace_s)
             self._server = None
+        # Whatever the stop still had to cancel finishes before the engine (and then the
+        # event loop) goes away: a handler cut short by a closing loop is an error log line.
+        await self.service.settle(STREAMS_CLOSE_S)
         if self._owns_engine:
             await self.engine.shutdown()
         self.aborted_at_stop = aborted

@@ -74,6 +74,10 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._early_report_load = early_report_load
         self._reported_load = 0.0  # the load in the newest report sent
         self._early_report: asyncio.TimerHandle | None = None
+        self._closing = False
+        #: Handlers of the long-lived calls (WatchLoad, GenerateMux): ended by close_streams.
+        self._streams: set[asyncio.Task[object]] = set()
+        self._mux: set[MuxSession] = set()
 
     @property
     def draining(self) -> bool:
@@ -243,7 +247,18 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
     ) -> None:
         """Many Generate streams over one call (services/worker/mux.py): each runs
         :meth:`Generate` unchanged; their chunks share one message per turn of the loop."""
-        await MuxSession(self.Generate, context).serve(requests)  # type: ignore[arg-type]
+        session = MuxSession(self.Generate, context)  # type: ignore[arg-type]
+        if self._closing:
+            session.shut()
+        task = asyncio.current_task()
+        assert task is not None
+        self._streams.add(task)
+        self._mux.add(session)
+        try:
+            await session.serve(requests)
+        finally:
+            self._mux.discard(session)
+            self._streams.discard(task)
 
     async def Embed(
         self,
@@ -340,15 +355,23 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         interval = min(max(interval, MIN_REPORT_INTERVAL_S), MAX_REPORT_INTERVAL_S)
         sequence = 0
         cursor = self._admissions.last_seq  # admissions before this stream are in its counts
-        while True:
-            changed = self._changed
-            report = self.load_report(sequence)
-            report.admitted_decision_ids.extend(self._admissions.since(cursor))
-            cursor = self._admissions.last_seq
-            yield report
-            sequence += 1
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), timeout=interval)
+        task = asyncio.current_task()
+        assert task is not None
+        self._streams.add(task)
+        try:
+            while True:
+                changed = self._changed
+                report = self.load_report(sequence)
+                report.admitted_decision_ids.extend(self._admissions.since(cursor))
+                cursor = self._admissions.last_seq
+                yield report
+                if self._closing:
+                    return  # the worker is stopping: that report was the last (status OK)
+                sequence += 1
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(changed.wait(), timeout=interval)
+        finally:
+            self._streams.discard(task)
 
     async def Probe(
         self,
@@ -395,6 +418,31 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         for task in list(self._inflight.values()):
             task.cancel()
         return len(leftover)
+
+    async def close_streams(self, timeout_s: float) -> None:
+        """End the long-lived calls with status OK, after the drain and before the gRPC
+        server stops (``WorkerServer.stop``): each WatchLoad stream sends one last report (it
+        says draining) and ends, each GenerateMux call writes what its streams left (their
+        hand-offs and ends) and ends; one opened from now on ends at once. Waits up to
+        ``timeout_s`` for them and for the handlers the drain cancelled.
+
+        Left open, ``server.stop`` would cut them (every watcher sees UNAVAILABLE) and the
+        process could exit before their cancelled handlers had finished, which gRPC reports
+        as an error with a raw traceback on stderr."""
+        self._closing = True
+        streams = len(self._streams)
+        for session in self._mux:
+            session.shut()
+        self.notify_state_change()  # wakes every WatchLoad stream
+        await self.settle(timeout_s)
+        event(log, "worker.streams_closed", streams=streams, left_open=len(self._streams))
+
+    async def settle(self, timeout_s: float) -> None:
+        """Wait up to ``timeout_s`` for every handler still running to finish (after
+        ``server.stop`` cancelled what was left, before the event loop closes)."""
+        tasks = {*self._streams, *self._inflight.values()}
+        if tasks:
+            await asyncio.wait(tasks, timeout=timeout_s)
 
     def _admit(self, model: str) -> None:
         if self._draining:

@@ -110,6 +110,30 @@ async def test_a_resumed_greedy_request_continues_exactly_where_the_delivered_id
 
 @pytest.mark.vllm
 @pytest.mark.asyncio(loop_scope="session")
+async def test_a_resumed_request_counts_the_delivered_ids_towards_min_tokens(
+    engine: VllmEngine,
+) -> None:
+    """min_tokens is rebased like max_tokens: left as it was (40) over the 10 tokens the
+    rebased budget leaves, vLLM refused the continuation (min_tokens above max_tokens), so a
+    stream with min_tokens could not move."""
+    greedy: dict[str, Any] = {"temperature": 0.0, "max_tokens": 40, "min_tokens": 40}
+    full = await run(engine, chat(**greedy))
+    reference = ids(full)
+    assert len(reference) == 40
+    carried = 30
+    resume = ResumeInput(
+        delivered_token_ids=tuple(reference[:carried]),
+        delivered_text_chars=0,
+        origin_request_id="origin",
+    )
+    rest = await run(engine, chat(resume=resume, **greedy))
+    assert ids(rest) == reference[carried:]
+    assert rest[-1].finish_reason is FinishReason.LENGTH
+    assert rest[-1].completion_tokens == full[-1].completion_tokens == 40
+
+
+@pytest.mark.vllm
+@pytest.mark.asyncio(loop_scope="session")
 async def test_a_stop_string_straddling_the_boundary_stops_the_resumed_request(
     engine: VllmEngine,
 ) -> None:

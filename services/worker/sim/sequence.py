@@ -4,7 +4,9 @@ The scheduler decides *when* a sequence computes tokens; this module decides *wh
 is and whether the sequence is done, and renders the :class:`EngineOutput` the caller sees:
 
 - finish rules, in vLLM's order: a stop string ends the text before the stop string
-  (``stop``); the natural length drawn from the seed ends it (``stop``, unless ``ignore_eos``);
+  (``stop``); the natural length drawn from the seed ends it (``stop``, unless ``ignore_eos``),
+  and so does a token of ``stop_token_ids``, but neither within the first ``min_tokens``
+  tokens (vLLM masks them there: a natural end that falls earlier comes at ``min_tokens + 1``);
   ``max_tokens`` ends it (``length``); so does reaching ``max_model_len`` (``length``);
 - while a stop string could still be completing, its possible beginning is held back (the last
   ``len(longest stop) - 1`` characters), so a stop string never leaks into the stream;
@@ -104,6 +106,21 @@ class SimSequence:
 
     def append_token(self, now: float) -> EngineOutput:
         """Sample the next token at ``now`` and return the output to stream."""
+        tid, calls, lp = self._next_token()
+        if self.first_token_at is None:
+            self.first_token_at = now
+        self.last_token_at = now
+        return self._output(now, token_ids=(tid,), logprobs=lp, tool_calls=calls)
+
+    def replay_token(self) -> int:
+        """Sample the next token exactly as :meth:`append_token` does — generator, script,
+        logprob stream, text and finish rule — without streaming it; returns its id. A
+        migrated stream's delivered tokens are replayed so (services/worker/sim/validation.py):
+        the continuation is then the uninterrupted stream's, and a stream that had already
+        ended is known to have (``finish_reason`` is set)."""
+        return self._next_token()[0]
+
+    def _next_token(self) -> tuple[int, tuple[ToolCallDelta, ...], tuple[TokenLogprob, ...]]:
         calls: tuple[ToolCallDelta, ...] = ()
         script = self.script
         if script is not None:
@@ -120,31 +137,37 @@ class SimSequence:
         before = len(self.text)
         if not calls:
             self.text += piece
-        if self.first_token_at is None:
-            self.first_token_at = now
-        self.last_token_at = now
         lp: tuple[TokenLogprob, ...] = ()
         if self.logprobs:
             value, top = self.generator.logprobs(piece, self.top_logprobs)
             lp = (TokenLogprob(token=piece, logprob=value, top=top),)
+        self.finish_reason = self._finish_rule(tid, before, text_piece=not calls)
+        return tid, calls, lp
 
+    def _finish_rule(self, tid: int, before: int, *, text_piece: bool) -> FinishReason | None:
+        """Why the sequence ends with the token just appended (``tid``; the text was
+        ``before`` characters long without it), or None. vLLM's rules, in its order
+        (``check_stop`` in vllm/v1/core/sched/utils.py): end-of-sequence or a stop token
+        first, then the length limits. vLLM masks end-of-sequence and ``stop_token_ids``
+        until ``min_tokens`` tokens are out (MinTokensLogitsProcessor), so neither can be the
+        token at position ``min_tokens`` or before: a natural end that falls earlier comes
+        right after, and with ``min_tokens == max_tokens`` the stream always ends on the
+        limit (``length``). Only a natural end (or stop token) sampled at the very step that
+        reaches ``max_tokens`` makes that step ``stop``."""
         produced = len(self.output_ids)
-        at_eos = (
-            self.natural_len is not None
-            and produced >= self.natural_len
-            and (produced >= self.min_tokens or script is not None)
-        )
+        script = self.script
         if script is not None and produced >= len(script):
-            self.finish_reason = script.finish
-        elif (
-            (not calls and self._cut_at_stop_string(before))
-            or at_eos
-            or (tid in self.stop_token_ids and produced >= self.min_tokens)
+            return script.finish
+        if text_piece and self._cut_at_stop_string(before):
+            return FinishReason.STOP
+        if produced > self.min_tokens and (
+            (self.natural_len is not None and produced >= self.natural_len)
+            or tid in self.stop_token_ids
         ):
-            self.finish_reason = FinishReason.STOP
-        elif produced >= self.max_tokens or self.num_tokens >= self.max_model_len:
-            self.finish_reason = FinishReason.LENGTH
-        return self._output(now, token_ids=(tid,), logprobs=lp, tool_calls=calls)
+            return FinishReason.STOP
+        if produced >= self.max_tokens or self.num_tokens >= self.max_model_len:
+            return FinishReason.LENGTH
+        return None
 
     def abort_output(self, now: float) -> EngineOutput:
         """The final output of a request aborted at ``now``."""

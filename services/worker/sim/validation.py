@@ -44,7 +44,6 @@ from services.worker.sim.text import (
     render_chat,
     seed_for,
     split_pieces,
-    token_id,
     tokenize,
 )
 
@@ -200,35 +199,35 @@ def build_sequence(
 
 
 def resume_sequence(seq: SimSequence, resume: ResumeInput) -> None:
-    """Put ``seq`` where the migrated stream left off: its generator replayed over the
-    delivered tokens (text is a function of seed and position, so the continuation is
-    byte-identical to an uninterrupted stream), those tokens counted as generated (usage,
-    ``max_tokens``), and the text the client has not seen yet (held back for a possible stop
-    string) queued to be sent first. Tokens that are not this seed's sequence are refused:
-    they would make the continuation silently wrong."""
-    pieces: list[str] = []
+    """Put ``seq`` where the migrated stream left off: the delivered tokens replayed through
+    the very path that generated them (:meth:`SimSequence.replay_token`: the generator or
+    script, the logprob stream, the text and the finish rules; text is a function of seed and
+    position, so the continuation is byte-identical to an uninterrupted stream), so they
+    count as generated (usage, ``max_tokens``, ``min_tokens``), and the text the client has
+    not seen yet (held back for a possible stop string) is queued to be sent first.
+
+    Refused: tokens that are not this seed's sequence (they would make the continuation
+    silently wrong), and tokens past which the uninterrupted stream would not have gone on
+    (it had ended: natural end, stop string or token, a length limit — judged by the same
+    rules as generation, so a stream that ``min_tokens`` keeps going past its natural end
+    moves like any other)."""
     for i, tid in enumerate(resume.delivered_token_ids):
-        piece = seq.generator.next_piece()
-        if seq.logprobs:
-            seq.generator.logprobs(piece, seq.top_logprobs)  # keep the logprob stream aligned
-        if token_id(piece) != tid:
+        if seq.finish_reason is not None:
+            break
+        if seq.replay_token() != tid:
             raise InvalidRequest(
                 f"resume.delivered_token_ids[{i}] does not continue this request's output",
                 param="resume.delivered_token_ids",
             )
-        pieces.append(piece)
-    if seq.natural_len is not None and len(pieces) >= seq.natural_len:
+    if seq.finish_reason is not None:
         raise InvalidRequest(
             "resume.delivered_token_ids already reach this request's end",
             param="resume.delivered_token_ids",
         )
-    text = "".join(pieces)
     sent = resume.delivered_text_chars
-    if sent > len(text) or not text[:sent].endswith(resume.delivered_text_tail):
+    if sent > len(seq.text) or not seq.text[:sent].endswith(resume.delivered_text_tail):
         raise InvalidRequest(
             "resume.delivered_text_tail is not the delivered tokens' text",
             param="resume.delivered_text_tail",
         )
-    seq.output_ids = list(resume.delivered_token_ids)
-    seq.text = text
     seq.emitted = sent

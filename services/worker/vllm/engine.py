@@ -85,7 +85,12 @@ from services.worker.vllm.load_window import LoadWindow
 from services.worker.vllm.output import OutputAssembler, prompt_logprobs
 from services.worker.vllm.prompt import render_prompt
 from services.worker.vllm.request import check_messages, check_sampling, completion_budget
-from services.worker.vllm.resume import TokenText, continue_text, rebased_budget
+from services.worker.vllm.resume import (
+    TokenText,
+    continue_text,
+    rebased_budget,
+    rebased_sampling,
+)
 from services.worker.vllm.stats import VllmMetricsCollector, stat_loggers
 
 log = logging.getLogger(__name__)
@@ -364,10 +369,12 @@ class VllmEngine:
             )
             check_min_tokens(request.sampling.min_tokens, max_tokens)
             resume = request.resume
+            sampling = request.sampling
             continued: tuple[TokenText, ContinuedText] | None = None
             carried: list[int] = []
             if resume is not None:
                 max_tokens = rebased_budget(max_tokens, resume)
+                sampling = rebased_sampling(sampling, resume)
                 carried = list(resume.delivered_token_ids)
                 decoder, pending = continue_text(llm.get_tokenizer(), prompt_ids, resume)
                 continued = (
@@ -381,7 +388,7 @@ class VllmEngine:
             # A continued stream's stop strings are matched by ContinuedText (across the
             # boundary), not by vLLM (which sees only its own new text).
             params = self._sampling_params(
-                request.sampling,
+                sampling,
                 max_tokens,
                 feature,
                 engine_stops=continued is None,

@@ -13,10 +13,11 @@ prompt here).
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 from services.common.errors import InvalidRequest
-from services.worker.engine import ResumeInput
+from services.worker.engine import ResumeInput, SamplingOptions
 
 
 def rebased_budget(budget: int, resume: ResumeInput) -> int:
@@ -29,6 +30,18 @@ def rebased_budget(budget: int, resume: ResumeInput) -> int:
             param="resume.delivered_token_ids",
         )
     return left
+
+
+def rebased_sampling(sampling: SamplingOptions, resume: ResumeInput) -> SamplingOptions:
+    """``min_tokens`` counts the delivered tokens as generated, as ``max_tokens`` does
+    (:func:`rebased_budget`): vLLM sees them as prompt, so left as it is it would hold off
+    end-of-sequence for ``min_tokens`` more tokens than the uninterrupted stream — or refuse
+    the request once it exceeds the rebased ``max_tokens``, so that a stream with
+    ``min_tokens`` could not move."""
+    if not sampling.min_tokens:
+        return sampling
+    left = max(0, sampling.min_tokens - len(resume.delivered_token_ids))
+    return dataclasses.replace(sampling, min_tokens=left)
 
 
 #: Tokens of context an incremental decode looks back over (a character spans at most 4

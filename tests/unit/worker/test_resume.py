@@ -102,7 +102,7 @@ def request(request_id: str, resume: ResumeInput | None = None, **sampling: Any)
         request_id=request_id,
         model="meridian-sim",
         messages=(ChatTurn(role="user", content="tell me a story"),),
-        sampling=SamplingOptions(max_tokens=60, ignore_eos=True, **sampling),
+        sampling=SamplingOptions(**{"max_tokens": 60, "ignore_eos": True, **sampling}),
         resume=resume,
     )
 
@@ -142,6 +142,59 @@ async def test_sim_continues_a_migrated_stream_byte_identically(
     assert rest[-1].completion_tokens == full[-1].completion_tokens == 60
     assert rest[-1].prompt_tokens == full[-1].prompt_tokens
     assert rest[-1].finish_reason is FinishReason.LENGTH
+
+
+def tokens(outputs: list[EngineOutput]) -> list[int]:
+    return [t for o in outputs for t in o.token_ids]
+
+
+@pytest.mark.parametrize(
+    ("max_tokens", "min_tokens", "finish", "total"),
+    [(500, 500, FinishReason.LENGTH, 500), (500, 450, FinishReason.STOP, 451)],
+)
+async def test_sim_continues_a_stream_min_tokens_keeps_past_its_natural_end(
+    engine: SimEngine, max_tokens: int, min_tokens: int, finish: FinishReason, total: int
+) -> None:
+    """The natural end (at most 384 tokens here) has passed when the stream moves; min_tokens
+    kept it going, and the continuation goes on exactly as the uninterrupted stream did —
+    it was refused ("already reach this request's end") as if the stream had ended."""
+    sampling: dict[str, Any] = {
+        "max_tokens": max_tokens,
+        "min_tokens": min_tokens,
+        "ignore_eos": False,
+        "seed": 3,
+        "logprobs": True,
+        "top_logprobs": 2,
+    }
+    full = await run(engine, request("m", **sampling))
+    assert (full[-1].finish_reason, full[-1].completion_tokens) == (finish, total)
+    k = 420
+    assert len(tokens(full[:k])) >= k > 384
+    rest = await run(engine, request("m.m1", delivered(full, k, "m"), **sampling))
+    assert "".join(o.text for o in full[:k] + rest) == "".join(o.text for o in full)
+    assert tokens(full[:k] + rest) == tokens(full)
+    assert [lp for o in full[:k] + rest for lp in o.logprobs] == [
+        lp for o in full for lp in o.logprobs
+    ]
+    assert (rest[-1].finish_reason, rest[-1].completion_tokens) == (finish, total)
+    assert rest[-1].prompt_tokens == full[-1].prompt_tokens
+
+
+async def test_sim_refuses_to_continue_a_stream_that_had_ended(engine: SimEngine) -> None:
+    """Judged by the rules that ended it: all of a stream min_tokens held to 451 tokens is
+    refused; all but its last token continues, to the same last token."""
+    sampling: dict[str, Any] = {"max_tokens": 500, "min_tokens": 450, "ignore_eos": False}
+    full = await run(engine, request("e", seed=4, **sampling))
+    assert full[-1].completion_tokens == 451
+    with pytest.raises(InvalidRequest) as err:
+        await run(engine, request("e.m1", delivered(full, len(full), "e"), seed=4, **sampling))
+    assert err.value.param == "resume.delivered_token_ids"
+    assert "already reach this request's end" in err.value.message
+    rest = await run(
+        engine, request("e.m2", delivered(full, len(full) - 1, "e"), seed=4, **sampling)
+    )
+    assert tokens(rest) == tokens(full[-1:])
+    assert (rest[-1].finish_reason, rest[-1].completion_tokens) == (FinishReason.STOP, 451)
 
 
 async def test_sim_sends_the_text_the_first_worker_held_back_first(engine: SimEngine) -> None:
@@ -195,3 +248,18 @@ def test_continued_text_holds_back_a_possible_stop_string_until_it_cannot_be_one
     assert t.feed("y", final=False) == (" ", False)
     assert t.feed("q", final=False) == ("x", False)
     assert t.feed("x", final=True) == ("yqx", False)
+
+
+def test_vllm_counts_the_delivered_tokens_towards_min_tokens() -> None:
+    """vLLM sees the delivered tokens as prompt: min_tokens is rebased on them, as the
+    budget is, or it would outlast the rebased max_tokens (which vLLM refuses)."""
+    from services.worker.vllm.resume import rebased_budget, rebased_sampling
+
+    resume = ResumeInput(delivered_token_ids=tuple(range(30)), delivered_text_chars=0)
+    sampling = SamplingOptions(max_tokens=40, min_tokens=40, seed=1)
+    assert rebased_budget(40, resume) == 10
+    assert rebased_sampling(sampling, resume) == SamplingOptions(
+        max_tokens=40, min_tokens=10, seed=1
+    )
+    assert rebased_sampling(SamplingOptions(min_tokens=20), resume).min_tokens == 0
+    assert rebased_sampling(SamplingOptions(seed=1), resume) == SamplingOptions(seed=1)

@@ -373,6 +373,40 @@ def test_max_tokens_ends_with_length_and_usage_is_cumulative() -> None:
     assert all(o.prompt_tokens == outs[0].prompt_tokens > 0 for o in outs)
 
 
+def finish(config: SimConfig, **sampling: Any) -> tuple[FinishReason | None, int]:
+    s = SimScheduler(config)
+    s.add(req("a", seed=5, **sampling), 0.0)
+    final = run(s, ManualClock()).final("a")
+    return final.finish_reason, final.completion_tokens
+
+
+def test_min_tokens_equal_to_max_tokens_ends_on_the_limit_with_length() -> None:
+    """vLLM masks end-of-sequence until min_tokens tokens are out, so with min_tokens ==
+    max_tokens the end can only be the length limit — ``length``, not ``stop``, although the
+    natural end (here at 8..24 tokens) passed long before."""
+    config = SimConfig(output_len_min=8, output_len_max=24)
+    assert finish(config, max_tokens=100, min_tokens=100) == (FinishReason.LENGTH, 100)
+    assert finish(config, min_tokens=100) == (FinishReason.STOP, 101)  # no max_tokens: room
+
+
+def test_a_natural_end_that_min_tokens_held_back_comes_right_after_it() -> None:
+    """Masked up to token ``min_tokens``, end-of-sequence is sampled at the first step it may
+    be: ``min_tokens + 1``, which is ``stop`` even when that step also reaches max_tokens
+    (vLLM checks end-of-sequence before the limits)."""
+    config = SimConfig(output_len_min=8, output_len_max=24)
+    assert finish(config, max_tokens=100, min_tokens=60) == (FinishReason.STOP, 61)
+    assert finish(config, max_tokens=100, min_tokens=99) == (FinishReason.STOP, 100)
+    assert finish(config, max_tokens=100, min_tokens=4) == finish(config, max_tokens=100)
+
+
+def test_a_natural_end_at_exactly_max_tokens_is_stop() -> None:
+    """End-of-sequence sampled at the step that reaches max_tokens: vLLM reports ``stop``
+    (it is checked first); one token earlier, the limit wins."""
+    config = SimConfig(output_len_min=30, output_len_max=30)
+    assert finish(config, max_tokens=30) == (FinishReason.STOP, 30)
+    assert finish(config, max_tokens=29) == (FinishReason.LENGTH, 29)
+
+
 def test_without_max_tokens_the_context_is_the_limit() -> None:
     config = SimConfig(max_model_len=64, kv_cache_tokens=1024)
     s = SimScheduler(config)
