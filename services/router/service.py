@@ -51,7 +51,7 @@ from services.common.errors import (
     RegionNotAllowed,
     Unavailable,
 )
-from services.common.grpcutil import abort_with
+from services.common.grpcutil import Undecodable, abort_with
 from services.common.logs import event
 from services.common.tracecontext import extract_carrier, extract_metadata
 from services.router.feed import FleetFeed, WatcherLimit
@@ -319,6 +319,8 @@ class RouterService(router_pb2_grpc.RouterServicer):
         ``context.read``/``write`` rather than iterating and yielding: the same messages for
         less of gRPC's per-message machinery."""
         while (msg := await context.read()) is not grpc.aio.EOF:
+            if isinstance(msg, Undecodable):
+                await abort_with(context, InvalidRequest(msg.why))
             if len(msg.outcomes) > MAX_OUTCOMES_PER_BATCH:
                 await abort_with(
                     context,

@@ -31,6 +31,7 @@ from typing import Any, NoReturn
 import grpc
 
 from meridian.v1 import worker_pb2
+from services.common.grpcutil import Undecodable
 from services.common.logs import event
 
 log = logging.getLogger("meridian.worker.mux")
@@ -177,7 +178,9 @@ class MuxSession:
         self._wake.set()
         await writer
 
-    def _apply(self, request: worker_pb2.MuxRequest) -> None:
+    def _apply(self, request: worker_pb2.MuxRequest | Undecodable) -> None:
+        if isinstance(request, Undecodable):  # services/common/grpcutil.py
+            raise MuxProtocolError(request.why)
         op = request.WhichOneof("op")
         if op == "open":
             if request.stream_id in self._streams:
