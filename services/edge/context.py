@@ -16,6 +16,7 @@ from services.edge.upstream.router_client import RouteResult
 
 if TYPE_CHECKING:
     from meridian.v1 import worker_pb2
+    from services.edge.guard import InFlight
     from services.edge.ratelimit.limiter import Lease
     from services.edge.tenancy.auth import Principal
 
@@ -29,6 +30,8 @@ class ChatContext:
     request: web.Request
     request_id: str
     started: float = field(default_factory=time.monotonic)
+    # set by connection_guard: the request as the drain sees it (its deadline cuts it there)
+    in_flight: InFlight | None = None
     principal: Principal | None = None  # set by authenticate
     model: str = ""  # set by validate: the model asked for, whatever the endpoint
     body: ChatCompletionRequest | None = None  # set by validate (chat)

@@ -77,6 +77,10 @@ class EdgeCounters:
     embeddings: int = 0  # embeddings requests answered
     client_disconnects: int = 0
     stream_errors: int = 0
+    # Still running when the drain grace ended, and cut (services/edge/guard.py: Lifecycle):
+    # SSE streams (ended with an error event) and requests with no response yet (a 503).
+    drain_streams_cut: int = 0
+    drain_requests_cut: int = 0
     # Chunks held while a client was behind and sent inside another's SSE event
     # (services/edge/chunk_merge.py), and the merged events that carried them.
     chunks_merged: int = 0

@@ -10,7 +10,8 @@ Three places, because aiohttp gives each limit a natural home:
   connection the protocol marked as over its limit;
 - **per chat request** (:class:`~services.edge.stages.connection_guard.ConnectionGuard`, the
   pipeline's first stage): concurrent
-  streams per client IP and per edge, and refusing new work while draining.
+  streams per client IP and per edge, and refusing new work while draining — what it admits
+  is in flight for the drain (:class:`Lifecycle`), which cuts it at its deadline.
 
 The client IP is the TCP peer: the edge terminates client connections itself. (Behind a
 trusted proxy, that proxy must enforce these limits, or the edge would need the PROXY
@@ -19,12 +20,17 @@ protocol — not implemented.)
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from enum import StrEnum
+from types import TracebackType
 
 from aiohttp import web
 
 from services.common.clock import Clock
+from services.edge.httperrors import ShuttingDown
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -151,11 +157,142 @@ class IpBuckets:
                 del self._buckets[ip]
 
 
+#: What a request cut at the drain deadline is told (a 503, or its stream's last event).
+SHUTTING_DOWN_MESSAGE = (
+    "The edge is shutting down: this request was still running when its drain grace period "
+    "ended. Retry."
+)
+
+
+class CutScope:
+    """Where a request may be cut at the drain deadline: leaving the block raises
+    :class:`~services.edge.httperrors.ShuttingDown` once :meth:`Lifecycle.cut` has reached it
+    (the block's pending await is cancelled, so its own ``finally`` clauses run first).
+
+    An :class:`asyncio.Timeout` that only the cut reschedules (to now). A request holds a
+    stack of them (the connection guard's around the whole pipeline, a stream stage's around
+    what it sends); the cut expires the innermost alone, so the stage that can still tell the
+    client (an SSE error event) is the one that sees it. A client that leaves at the same
+    moment wins: its cancellation stays a ``CancelledError``."""
+
+    __slots__ = ("_flight", "_timeout")
+
+    def __init__(self, flight: InFlight) -> None:
+        self._flight = flight
+        self._timeout = asyncio.timeout(None)
+
+    async def __aenter__(self) -> None:
+        if self._flight.cut:
+            raise ShuttingDown(SHUTTING_DOWN_MESSAGE, retry_after_s=1.0)
+        await self._timeout.__aenter__()
+        self._flight.scopes.append(self._timeout)
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        self._flight.scopes.remove(self._timeout)
+        try:
+            await self._timeout.__aexit__(exc_type, exc, tb)
+        except TimeoutError:
+            raise ShuttingDown(SHUTTING_DOWN_MESSAGE, retry_after_s=1.0) from None
+        return False
+
+
+class InFlight:
+    """One API request between the connection guard's admission and its end."""
+
+    __slots__ = ("cut", "scopes", "streaming")
+
+    def __init__(self) -> None:
+        #: Its response is an SSE stream whose headers are sent (set by the stream stages).
+        self.streaming = False
+        #: The drain deadline reached it.
+        self.cut = False
+        self.scopes: list[asyncio.Timeout] = []
+
+    def scope(self) -> CutScope:
+        return CutScope(self)
+
+    def _expire(self) -> None:
+        if self.cut:
+            return  # once: its scope is already expiring
+        self.cut = True
+        if self.scopes:
+            self.scopes[-1].reschedule(asyncio.get_running_loop().time())
+
+
+def cut_scope(flight: InFlight | None) -> contextlib.AbstractAsyncContextManager[None]:
+    """``flight``'s :class:`CutScope`; none (a no-op) for a stage run outside the pipeline."""
+    return flight.scope() if flight is not None else contextlib.nullcontext()
+
+
+@dataclass(frozen=True, slots=True)
+class Cut:
+    """What the drain deadline ended: live SSE streams, and requests with no response yet."""
+
+    streams: int
+    requests: int
+
+
 class Lifecycle:
-    """Whether the edge is draining (SIGTERM): it then refuses new chat requests with 503."""
+    """Whether the edge is draining (SIGTERM): it then refuses new chat requests with 503.
+
+    It also knows every API request in flight (:meth:`request`, entered by the connection
+    guard), so the drain can wait for them (:meth:`wait_idle`) and, when its grace is over,
+    end those still running (:meth:`cut`) instead of leaving them to aiohttp, which would
+    wait a second grace period and then drop the connections without a word.
+    """
 
     def __init__(self) -> None:
         self.draining = False
+        self._live: set[InFlight] = set()
+        self._idle: asyncio.Event | None = None
+        self._past_deadline = False
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._live)
+
+    @contextlib.asynccontextmanager
+    async def request(self) -> AsyncIterator[InFlight]:
+        """One request in flight, cuttable anywhere inside (its outermost :class:`CutScope`:
+        a cut request that has sent nothing gets a 503 from the error boundary)."""
+        flight = InFlight()
+        flight.cut = self._past_deadline
+        self._live.add(flight)
+        try:
+            async with flight.scope():
+                yield flight
+        finally:
+            self._live.discard(flight)
+            if not self._live and self._idle is not None:
+                self._idle.set()
+
+    async def wait_idle(self, timeout_s: float) -> bool:
+        """Until no request is in flight (True) or ``timeout_s`` has passed (False)."""
+        if self._live:
+            if self._idle is None:
+                self._idle = asyncio.Event()
+            self._idle.clear()
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(timeout_s):
+                    await self._idle.wait()
+        return not self._live
+
+    def cut(self) -> Cut:
+        """The drain deadline: end every request still in flight, and any that starts now.
+        Each sees :class:`~services.edge.httperrors.ShuttingDown` in its innermost scope;
+        its stage's ``finally`` clauses cancel the worker call and settle its usage as for
+        any request that ends early."""
+        self._past_deadline = True
+        streams = 0
+        for flight in list(self._live):
+            streams += flight.streaming
+            flight._expire()
+        return Cut(streams=streams, requests=len(self._live) - streams)
 
 
 def client_ip(request: web.BaseRequest) -> str:

@@ -12,6 +12,8 @@ They extend that tree, so the error boundary renders them like every other error
     │   ├── TransferCodingNotImplemented
     │   │                        501  a Transfer-Encoding other than chunked
     │   └── HeadersTooLarge      431  a header line, field or count over the limit
+    ├── Unavailable
+    │   └── ShuttingDown         503  still running when the edge's drain grace ended
     └── Conflict                 409  admin API: the tenant already exists
 
 They live here until another service needs them (then they belong in services.common).
@@ -19,7 +21,7 @@ They live here until another service needs them (then they belong in services.co
 
 from __future__ import annotations
 
-from services.common.errors import InvalidRequest, MeridianError
+from services.common.errors import InvalidRequest, MeridianError, Unavailable
 
 
 class RequestTimeout(InvalidRequest):
@@ -56,3 +58,11 @@ class Conflict(MeridianError):
     http_status = 409
     openai_type = "invalid_request_error"
     default_code = "conflict"
+
+
+class ShuttingDown(Unavailable):
+    """A request still running when the edge's drain grace ended (services/edge/guard.py:
+    :class:`~services.edge.guard.Lifecycle`): a 503 before its response started, the
+    stream's last SSE event (then ``[DONE]``) after."""
+
+    default_code = "edge_shutting_down"

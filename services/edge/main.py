@@ -8,7 +8,8 @@
 TLS is required unless ``--plain-http`` is given. Secrets come from files or the environment
 (``MERIDIAN_KEY_PEPPER``, ``MERIDIAN_ADMIN_TOKEN``), never from the command line, and are
 never logged. SIGTERM: stop accepting connections, let live streams finish within
-``--drain-grace-s``, exit.
+``--drain-grace-s``, end those still running (an SSE error event then ``[DONE]``; a 503 for
+a request that has sent nothing), exit — about a second past the grace at most.
 """
 
 from __future__ import annotations

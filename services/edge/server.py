@@ -4,14 +4,24 @@
 is given (and owns from then on: ``stop`` closes them), listens (HTTPS, or plain HTTP only
 when the config says so; the admin API on its own port), runs the background loops (key
 invalidations, lease renewals, the router view) and drains on ``stop``: stop accepting, refuse
-new chat requests with 503, let live streams finish within ``drain_grace_s``, cancel what is
-left (which cancels the worker calls and settles their limits), then close.
+new chat requests with 503, let live streams finish within ``drain_grace_s``, then cut what is
+left (:meth:`EdgeServer.stop`), then close.
+
+The drain is the edge's own, not aiohttp's: aiohttp's shutdown waits its timeout, cancels only
+a request's body (a streaming handler goes on), waits the timeout again, then cancels the
+handler and drops the connection — twice the grace, and a stream that ends with a bare TCP
+close. Here every API request is known to the :class:`~services.edge.guard.Lifecycle`
+(the connection guard enters it); at the deadline each one still running is cut where it is:
+a stream gets one OpenAI-style error event and ``[DONE]``, a request with no response yet a
+503, and both cancel their worker calls and settle their usage as a request that ends early
+does. The process is done within ``drain_grace_s`` + :data:`CUT_WAIT_S` + a moment.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import Coroutine
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,6 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.logs import event
 from services.common.loopwatch import LoopWatch
 from services.common.startup import start_site
 from services.common.telemetry import Telemetry
@@ -54,6 +65,15 @@ from services.edge.web.config import WebConfig
 from services.edge.web.feed import FleetHub
 from services.edge.web.routes import WebState, instrument
 from services.edge.web.sessions import ConsoleSessions
+
+log = logging.getLogger("meridian.edge")
+
+#: After the drain deadline, how long the requests it cut have to send their last bytes
+#: (an SSE error event: services/edge/stages/stream.py, CUT_WRITE_TIMEOUT_S) and end.
+CUT_WAIT_S = 1.0
+#: Then aiohttp closes what is left (connections outside the API pipeline: a page, a
+#: health check); its shutdown waits this long, twice at most.
+CLOSE_TIMEOUT_S = 0.25
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -269,7 +289,8 @@ class EdgeServer:
             self.app,
             handler_cancellation=True,
             access_log=None,
-            shutdown_timeout=cfg.drain_grace_s,
+            # The drain's grace is waited by stop() (_drain), not by aiohttp.
+            shutdown_timeout=CLOSE_TIMEOUT_S,
         )
         await self._runner.setup()
         assert self._runner.server is not None
@@ -306,6 +327,33 @@ class EdgeServer:
         self._spawn(self.router.run(self._stop))
         self._spawn(follow_failovers(self._redis, self._stop))
 
+    async def _drain(self) -> None:
+        """Wait up to ``drain_grace_s`` for the API requests in flight; then cut those still
+        running (each ends as :meth:`services.edge.guard.Lifecycle.cut` says), and give them
+        :data:`CUT_WAIT_S` to end."""
+        assert self._runner is not None
+        if self._runner.server is not None:
+            # Idle keep-alive connections close now, busy ones once their response is over.
+            self._runner.server.pre_shutdown()
+        lifecycle = self.deps.lifecycle
+        grace = self.config.drain_grace_s
+        if await lifecycle.wait_idle(grace):
+            return
+        cut = lifecycle.cut()
+        self.counters.drain_streams_cut += cut.streams
+        self.counters.drain_requests_cut += cut.requests
+        event(
+            log,
+            "edge.drain_deadline",
+            level=logging.WARNING,
+            grace_s=grace,
+            streams_cut=cut.streams,
+            requests_cut=cut.requests,
+        )
+        if not await lifecycle.wait_idle(CUT_WAIT_S):
+            # What did not end by now is cancelled, its connection dropped, by aiohttp.
+            event(log, "edge.drain_forced", level=logging.WARNING, requests=lifecycle.in_flight)
+
     def _spawn(self, coro: Coroutine[Any, Any, None]) -> None:
         self._tasks.append(asyncio.get_running_loop().create_task(coro))
 
@@ -317,9 +365,11 @@ class EdgeServer:
             self._listener.close()
 
     async def stop(self) -> None:
-        """Drain (up to ``drain_grace_s`` for live streams), then close everything."""
+        """Drain (up to ``drain_grace_s`` for live streams, then cut the rest: :meth:`_drain`),
+        then close everything."""
         self.begin_drain()
         if self._runner is not None:
+            await self._drain()
             await self._runner.cleanup()
             self._runner = None
         self._stop.set()

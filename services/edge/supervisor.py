@@ -63,8 +63,10 @@ log = logging.getLogger("meridian.edge.supervisor")
 
 #: ``--workers auto`` never starts more than this many processes.
 MAX_AUTO_WORKERS = 32
-#: How long past the drain grace the supervisor waits before it kills what is left.
-STOP_MARGIN_S = 10.0
+#: How long past the drain grace the supervisor waits before it kills what is left. A child
+#: ends its drain about a second past the grace (services/edge/server.py: CUT_WAIT_S), then
+#: closes its clients (settles still in flight get up to 2 s); this covers both with room.
+STOP_MARGIN_S = 5.0
 RESTART_BACKOFF_S = (0.5, 30.0)
 #: A child that lived this long before it failed is restarted with the shortest backoff.
 STABLE_AFTER_S = 60.0

@@ -1,6 +1,7 @@
 """The ``connection_guard`` stage, first of the chat pipeline: refuse new work while draining,
 and cap concurrent streams per client IP and per edge (the limits that need no identity; see
-:mod:`services.edge.guard` for the connection-level ones)."""
+:mod:`services.edge.guard` for the connection-level ones). What it admits is in flight for
+the drain (``Lifecycle.request``): waited for, then cut at the drain deadline."""
 
 from __future__ import annotations
 
@@ -36,6 +37,8 @@ class ConnectionGuard:
             self._counters.streams_refused_edge += 1
             raise Overloaded("This edge is at its concurrent request limit.", retry_after_s=1.0)
         try:
-            return await call_next(ctx)
+            async with self._lifecycle.request() as flight:
+                ctx.in_flight = flight
+                return await call_next(ctx)
         finally:
             self._streams.release(ip)

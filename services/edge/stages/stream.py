@@ -17,6 +17,13 @@ cancels the worker call, which aborts the generation in the engine, and the admi
 the reservation with the tokens generated so far (``ctx.tokens_used``, updated per chunk). A
 client that stops *reading* is treated the same way once one write has waited
 ``write_timeout_s``: its connection is aborted.
+
+Drain deadline: a request still running when the edge's drain grace ends is cut
+(:meth:`services.edge.guard.Lifecycle.cut`) in the scope it is in: an SSE stream whose headers
+are sent gets one last ``error`` event (:class:`~services.edge.httperrors.ShuttingDown`, the
+format of any mid-stream error) and ``[DONE]``, written within :data:`CUT_WRITE_TIMEOUT_S`;
+one that has sent nothing, a 503. Either way the worker call is cancelled and the reservation
+settled with the tokens used, as for a client that leaves.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ from services.common.logs import event
 from services.edge.chunk_merge import merge_while_behind
 from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
+from services.edge.guard import cut_scope
+from services.edge.httperrors import ShuttingDown
 from services.edge.migration.driver import MigratingStream
 from services.edge.migration.policy import MigrationPolicy
 from services.edge.migration.refusal import migration_refusal
@@ -64,6 +73,10 @@ log = logging.getLogger("meridian.edge")
 #: Below this many unsent bytes a write does not wait for the client (aiohttp/uvloop pause
 #: writing at 64 KiB).
 _BACKED_UP_BYTES = 32 * 1024
+
+#: The most a stream cut at the drain deadline spends on its last event: the process is
+#: about to exit, and a client that does not read loses the event, not the drain's time.
+CUT_WRITE_TIMEOUT_S = 0.5
 
 
 def _answer_items(body: ChatCompletionRequest, last: worker_pb2.GenerateChunk) -> int:
@@ -171,7 +184,8 @@ class Stream:
         try:
             if ctx.body.stream:
                 return await self._stream(ctx, ctx.body, opening, migrating)
-            return await self._complete(ctx, ctx.body, opening, migrating)
+            async with cut_scope(ctx.in_flight):  # cut at the drain deadline: a 503
+                return await self._complete(ctx, ctx.body, opening, migrating)
         except asyncio.CancelledError:
             self._counters.client_disconnects += 1
             raise
@@ -303,30 +317,36 @@ class Stream:
         opening: asyncio.Future[UpstreamStream],
         migrating: _Migrating,
     ) -> web.StreamResponse:
-        done, _ = await asyncio.wait({opening}, timeout=self._keepalive_after_s)
         resp: web.StreamResponse | None = None
         try:
-            if not done:
-                # Slow first token: commit headers now and keep the connection alive.
-                resp = await self._start_sse(ctx, {})
-                while True:
-                    done, _ = await asyncio.wait({opening}, timeout=self._keepalive_every_s)
-                    if done:
-                        break
-                    await self._write(ctx, resp, SSE_KEEPALIVE)
-            try:
-                upstream = opening.result()
-            except MeridianError as err:
+            async with cut_scope(ctx.in_flight):
+                done, _ = await asyncio.wait({opening}, timeout=self._keepalive_after_s)
+                if not done:
+                    # Slow first token: commit headers now and keep the connection alive.
+                    resp = await self._start_sse(ctx, {})
+                    while True:
+                        done, _ = await asyncio.wait({opening}, timeout=self._keepalive_every_s)
+                        if done:
+                            break
+                        await self._write(ctx, resp, SSE_KEEPALIVE)
+                try:
+                    upstream = opening.result()
+                except MeridianError as err:
+                    if resp is None:
+                        raise
+                    self._counters.stream_errors += 1
+                    await self._write(ctx, resp, sse_data(err.to_openai()))
+                    await self._write(ctx, resp, SSE_DONE)
+                    return resp
                 if resp is None:
-                    raise
-                self._counters.stream_errors += 1
-                await self._write(ctx, resp, sse_data(err.to_openai()))
-                await self._write(ctx, resp, SSE_DONE)
-                return resp
-            if resp is None:
-                resp = await self._start_sse(ctx, _route_headers(upstream, None))
+                    resp = await self._start_sse(ctx, _route_headers(upstream, None))
         except ClientGone:
             assert resp is not None
+            return resp
+        except ShuttingDown as err:
+            if resp is None:
+                raise  # nothing sent yet: a 503
+            await self._end_cut(ctx, resp, err)
             return resp
         stream = migrating(upstream)
         render = ChunkRenderer(
@@ -340,33 +360,37 @@ class Stream:
         tool_calls = 0
         finished = 0
         try:
-            for index in range(body.choices()):
-                await self._write(ctx, resp, render.role(index))
-            async with contextlib.aclosing(self._merged(ctx, stream.chunks())) as chunks:
-                async for chunk in chunks:
-                    last = chunk
-                    _track_usage(ctx, chunk)
-                    data = render.content(chunk)
-                    if data is not None:
-                        await self._write(ctx, resp, data)
-                    if chunk.tool_calls:
-                        tool_calls += sum(1 for c in chunk.tool_calls if c.id)
-                    if chunk.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:
-                        # Each choice's own finish chunk, as it ends (n > 1 interleaves them);
-                        # the migration extension rides on each (final by then).
-                        finished += 1
-                        reason = FINISH_REASONS.get(chunk.finish_reason, "stop")
-                        await self._write(
-                            ctx, resp, render.finish(reason, chunk.index, _extension(stream))
-                        )
-            ext = _extension(stream)
-            if not finished:
-                reason = FINISH_REASONS.get(last.finish_reason, "stop")
-                await self._write(ctx, resp, render.finish(reason, 0, ext))
-            if body.include_usage():
-                await self._write(ctx, resp, render.usage(last.usage, ext))
-            await self._write(ctx, resp, SSE_DONE)
-            self._counters.completions += 1
+            async with cut_scope(ctx.in_flight):
+                for index in range(body.choices()):
+                    await self._write(ctx, resp, render.role(index))
+                async with contextlib.aclosing(self._merged(ctx, stream.chunks())) as chunks:
+                    async for chunk in chunks:
+                        last = chunk
+                        _track_usage(ctx, chunk)
+                        data = render.content(chunk)
+                        if data is not None:
+                            await self._write(ctx, resp, data)
+                        if chunk.tool_calls:
+                            tool_calls += sum(1 for c in chunk.tool_calls if c.id)
+                        if chunk.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED:
+                            # Each choice's own finish chunk, as it ends (n > 1 interleaves
+                            # them); the migration extension rides on each (final by then).
+                            finished += 1
+                            reason = FINISH_REASONS.get(chunk.finish_reason, "stop")
+                            await self._write(
+                                ctx, resp, render.finish(reason, chunk.index, _extension(stream))
+                            )
+                ext = _extension(stream)
+                if not finished:
+                    reason = FINISH_REASONS.get(last.finish_reason, "stop")
+                    await self._write(ctx, resp, render.finish(reason, 0, ext))
+                if body.include_usage():
+                    await self._write(ctx, resp, render.usage(last.usage, ext))
+                await self._write(ctx, resp, SSE_DONE)
+                self._counters.completions += 1
+        except ShuttingDown as err:
+            stream.cancel()  # the worker stops now, not after the last write
+            await self._end_cut(ctx, resp, err)
         except MeridianError as err:
             self._counters.stream_errors += 1
             event(
@@ -439,7 +463,21 @@ class Stream:
             self._counters.client_disconnects += 1
             raise ClientGone from None
 
+    async def _end_cut(self, ctx: ChatContext, resp: web.StreamResponse, err: ShuttingDown) -> None:
+        """A stream cut at the drain deadline: its last event says why, then ``[DONE]``, in
+        one write bounded by :data:`CUT_WRITE_TIMEOUT_S` (a client that does not read is cut
+        off); the connection closes after it (the drain marked it so)."""
+        try:
+            async with asyncio.timeout(CUT_WRITE_TIMEOUT_S):
+                await resp.write(sse_data(err.to_openai()) + SSE_DONE)
+        except (TimeoutError, ConnectionError):
+            transport = ctx.request.transport
+            if transport is not None:
+                transport.abort()
+
     async def _start_sse(self, ctx: ChatContext, extra: dict[str, str]) -> web.StreamResponse:
+        if ctx.in_flight is not None:
+            ctx.in_flight.streaming = True  # from here a cut is an SSE event, not a 503
         resp = web.StreamResponse(
             status=200,
             headers={

@@ -6,8 +6,9 @@ one ``text_completion`` or as SSE chunks interleaved as the choices' tokens arri
 It is the chat stream stage (:class:`~services.edge.stages.stream.Stream`) with the
 endpoint's own request and rendering: keep-alives before a slow first token, bounded writes,
 client disconnect cancelling every worker call, errors after the headers as an SSE error
-payload — all inherited. Usage is summed over the choices, and ``ctx.tokens_used`` follows
-it, so the admit stage settles the reservation with what was really used.
+payload, the drain deadline's cut (an SSE error event, or a 503) — all inherited. Usage is
+summed over the choices, and ``ctx.tokens_used`` follows it, so the admit stage settles the
+reservation with what was really used.
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ from meridian.v1 import worker_pb2
 from services.common.errors import MeridianError, Unavailable
 from services.common.logs import event
 from services.edge.context import ChatContext
+from services.edge.guard import cut_scope
+from services.edge.httperrors import ShuttingDown
 from services.edge.offload import answer_items, json_answer
 from services.edge.openai_completions import CompletionRequest
 from services.edge.openai_types import now_s
@@ -97,7 +100,8 @@ class CompletionStream(Stream):
         try:
             if body.stream:
                 return await self._stream_all(ctx, body, openings)
-            return await self._complete_all(ctx, body, openings)
+            async with cut_scope(ctx.in_flight):  # cut at the drain deadline: a 503
+                return await self._complete_all(ctx, body, openings)
         except asyncio.CancelledError:
             self._counters.client_disconnects += 1
             raise
@@ -191,27 +195,33 @@ class CompletionStream(Stream):
         all_open = asyncio.ensure_future(asyncio.gather(*openings))
         resp: web.StreamResponse | None = None
         try:
-            done, _ = await asyncio.wait({all_open}, timeout=self._keepalive_after_s)
-            if not done:
-                resp = await self._start_sse(ctx, {})
-                while True:
-                    done, _ = await asyncio.wait({all_open}, timeout=self._keepalive_every_s)
-                    if done:
-                        break
-                    await self._write(ctx, resp, SSE_KEEPALIVE)
-            try:
-                upstreams = all_open.result()
-            except MeridianError as err:
+            async with cut_scope(ctx.in_flight):
+                done, _ = await asyncio.wait({all_open}, timeout=self._keepalive_after_s)
+                if not done:
+                    resp = await self._start_sse(ctx, {})
+                    while True:
+                        done, _ = await asyncio.wait({all_open}, timeout=self._keepalive_every_s)
+                        if done:
+                            break
+                        await self._write(ctx, resp, SSE_KEEPALIVE)
+                try:
+                    upstreams = all_open.result()
+                except MeridianError as err:
+                    if resp is None:
+                        raise
+                    self._counters.stream_errors += 1
+                    await self._write(ctx, resp, sse_data(err.to_openai()))
+                    await self._write(ctx, resp, SSE_DONE)
+                    return resp
                 if resp is None:
-                    raise
-                self._counters.stream_errors += 1
-                await self._write(ctx, resp, sse_data(err.to_openai()))
-                await self._write(ctx, resp, SSE_DONE)
-                return resp
-            if resp is None:
-                resp = await self._start_sse(ctx, _route_headers(upstreams[0]))
+                    resp = await self._start_sse(ctx, _route_headers(upstreams[0]))
         except ClientGone:
             assert resp is not None
+            return resp
+        except ShuttingDown as err:
+            if resp is None:
+                raise  # nothing sent yet: a 503
+            await self._end_cut(ctx, resp, err)
             return resp
         finally:
             if not all_open.done():
@@ -238,28 +248,35 @@ class CompletionStream(Stream):
         pumps = [asyncio.ensure_future(pump(c)) for c in choices]
         open_choices = len(choices)
         try:
-            while open_choices:
-                c, item = await queue.get()
-                if isinstance(item, MeridianError):
-                    raise item
-                text, lps = c.take(item)
-                self._track(ctx, choices)
-                finished = item.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED
-                if text or (lps and lps["tokens"]):
-                    await self._write(
-                        ctx, resp, render.chunk(index=c.index, text=text, logprobs=lps, finish=None)
-                    )
-                if finished:
-                    open_choices -= 1
-                    await self._write(
-                        ctx,
-                        resp,
-                        render.chunk(index=c.index, text="", logprobs=None, finish=c.finish()),
-                    )
-            if body.include_usage():
-                await self._write(ctx, resp, render.usage(_summed(choices)))
-            await self._write(ctx, resp, SSE_DONE)
-            self._counters.completions += 1
+            async with cut_scope(ctx.in_flight):
+                while open_choices:
+                    c, item = await queue.get()
+                    if isinstance(item, MeridianError):
+                        raise item
+                    text, lps = c.take(item)
+                    self._track(ctx, choices)
+                    finished = item.finish_reason != worker_pb2.FINISH_REASON_UNSPECIFIED
+                    if text or (lps and lps["tokens"]):
+                        await self._write(
+                            ctx,
+                            resp,
+                            render.chunk(index=c.index, text=text, logprobs=lps, finish=None),
+                        )
+                    if finished:
+                        open_choices -= 1
+                        await self._write(
+                            ctx,
+                            resp,
+                            render.chunk(index=c.index, text="", logprobs=None, finish=c.finish()),
+                        )
+                if body.include_usage():
+                    await self._write(ctx, resp, render.usage(_summed(choices)))
+                await self._write(ctx, resp, SSE_DONE)
+                self._counters.completions += 1
+        except ShuttingDown as err:
+            for c in choices:
+                c.upstream.cancel()  # the workers stop now, not after the last write
+            await self._end_cut(ctx, resp, err)
         except MeridianError as err:
             self._counters.stream_errors += 1
             event(
