@@ -128,6 +128,11 @@ class LocalStack:
 
     async def start(self) -> StackEndpoints:
         self.run_dir.mkdir(parents=True, exist_ok=True)
+        if not self._worker_plan():
+            where = "vllm.regions" if self.engine == "vllm" else "regions.<name>.workers"
+            raise ProcessFailed(
+                f"the stack config starts no {self.engine} worker: give at least one ({where})"
+            )
         try:
             await self._start_redis()
             await self._start_workers()

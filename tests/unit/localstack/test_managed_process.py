@@ -69,3 +69,21 @@ async def test_every_redis_url_the_edge_takes_is_checked_as_the_edge_would_conne
     with pytest.raises(ProcessFailed, match=problem) as failed:
         await _check_redis(url)
     assert "hunter2" not in str(failed.value)
+
+
+@pytest.mark.parametrize(
+    ("engine", "where"), [("sim", "regions.<name>.workers"), ("vllm", "vllm.regions")]
+)
+async def test_a_stack_config_that_starts_no_worker_is_refused_before_anything_starts(
+    tmp_path: Path, engine: str, where: str
+) -> None:
+    """It used to start Redis and every worker (none), then die on the router's usage text,
+    naming flags the operator never typed."""
+    from services.localstack.config import parse_stack_config
+    from services.localstack.stack import LocalStack
+
+    config = parse_stack_config({"regions": {"kr": {"rtt_ms": 5, "workers": 0}}})
+    stack = LocalStack(config=config, run_dir=tmp_path / "run", engine=engine)
+    with pytest.raises(ProcessFailed, match=rf"starts no {engine} worker: .*\({where}\)"):
+        await stack.start()
+    assert not (tmp_path / "run" / "redis").exists()
