@@ -28,7 +28,7 @@ from services.common.logs import event
 from services.edge.guard import GuardConfig
 from services.edge.migration.policy import MigrationPolicy
 from services.edge.ratelimit.limiter import FailureMode, RateLimitConfig
-from services.edge.redisconn import parse_redis_url
+from services.edge.redisconn import REDIS_FAILURES, RedisClient, parse_redis_url, shown_url
 from services.edge.server import EdgeConfig, EdgeServer, connect_redis
 from services.edge.stages.validate import RequestLimits
 from services.edge.supervisor import SupervisorConfig, parse_workers, strip_workers, supervise
@@ -310,6 +310,26 @@ def _migration_policy(args: argparse.Namespace) -> MigrationPolicy:
     )
 
 
+async def warn_if_redis_unreachable(redis: RedisClient, url: str) -> None:
+    """One warning at start when Redis does not answer (the edge serves anyway, by its
+    failure mode): otherwise the first clue was an ``auth.unavailable`` on a request, with
+    no address in it."""
+    try:
+        async with asyncio.timeout(REDIS_CHECK_TIMEOUT_S):
+            await redis.ping()
+    except REDIS_FAILURES as err:  # a timeout (asyncio.timeout) is an OSError too
+        event(
+            log,
+            "edge.redis_unreachable",
+            level=logging.WARNING,
+            url=shown_url(url),
+            error=f"{type(err).__name__}: {err}"[:300],
+        )
+
+
+REDIS_CHECK_TIMEOUT_S = 3.0
+
+
 async def serve(
     config: EdgeConfig, hasher: KeyHasher, args: argparse.Namespace, stop: asyncio.Event
 ) -> None:
@@ -317,9 +337,10 @@ async def serve(
     if args.process_index is not None:
         attributes["meridian.process"] = str(args.process_index)
     tel = telemetry.setup("edge", resource_attributes=attributes)
+    redis = connect_redis(args.redis_url)
     edge = EdgeServer(
         config=config,
-        redis=connect_redis(args.redis_url),
+        redis=redis,
         router=RouterClient(args.router),
         hasher=hasher,
         telemetry=tel,
@@ -343,7 +364,9 @@ async def serve(
         },
     )
     event(log, "edge.listening", port=edge.port, scheme=edge.scheme, site=config.site)
+    check = asyncio.create_task(warn_if_redis_unreachable(redis, args.redis_url))
     await stop.wait()
+    check.cancel()
     event(log, "edge.draining", grace_s=config.drain_grace_s)
     await edge.stop()
     if metrics_runner is not None:

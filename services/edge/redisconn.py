@@ -108,7 +108,7 @@ def parse_redis_url(url: str) -> RedisTarget:
     """Validate ``url``; raises ValueError with a message that says what is wrong."""
     scheme, sep, _ = url.partition("://")
     if not sep or scheme.lower() not in _SCHEMES:
-        raise ValueError(f"{_shown(url)!r}: {EXPECTED}")
+        raise ValueError(f"{shown_url(url)!r}: {EXPECTED}")
     topology, tls = _SCHEMES[scheme.lower()]
     if topology is Topology.STANDALONE:
         return _standalone(url)
@@ -122,16 +122,16 @@ def parse_redis_url(url: str) -> RedisTarget:
     query = parse_qs(parts.query, keep_blank_values=True)
     unknown = sorted(set(query) - {"sentinel_auth"})
     if unknown:
-        raise ValueError(f"{_shown(url)!r}: unknown option {unknown[0]!r}")
+        raise ValueError(f"{shown_url(url)!r}: unknown option {unknown[0]!r}")
     sentinel_auth = _yes_no(query.get("sentinel_auth", ["no"])[-1], url)
     segments = [s for s in parts.path.split("/") if s]
     if topology is Topology.CLUSTER:
         if segments not in ([], ["0"]):
             raise ValueError(
-                f"{_shown(url)!r}: a Redis Cluster has only database 0; drop {parts.path!r}"
+                f"{shown_url(url)!r}: a Redis Cluster has only database 0; drop {parts.path!r}"
             )
         if sentinel_auth:
-            raise ValueError(f"{_shown(url)!r}: sentinel_auth is for redis+sentinel:// URLs")
+            raise ValueError(f"{shown_url(url)!r}: sentinel_auth is for redis+sentinel:// URLs")
         return RedisTarget(
             topology=topology,
             url=url,
@@ -141,7 +141,7 @@ def parse_redis_url(url: str) -> RedisTarget:
             password=password,
         )
     if not segments or len(segments) > 2:
-        raise ValueError(f"{_shown(url)!r}: give the master's name: …/MASTER or …/MASTER/DB")
+        raise ValueError(f"{shown_url(url)!r}: give the master's name: …/MASTER or …/MASTER/DB")
     db = _db(segments[1], url) if len(segments) == 2 else 0
     return RedisTarget(
         topology=topology,
@@ -160,11 +160,11 @@ def _standalone(url: str) -> RedisTarget:
     parts = urlsplit(url)
     path = parts.path.strip("/")
     if parts.scheme != "unix" and path and not path.isdigit():
-        raise ValueError(f"{_shown(url)!r}: database {path!r} must be a number")
+        raise ValueError(f"{shown_url(url)!r}: database {path!r} must be a number")
     try:
         kwargs = aioredis.connection.parse_url(url)
     except ValueError as err:
-        raise ValueError(f"{_shown(url)!r}: {err}") from None
+        raise ValueError(f"{shown_url(url)!r}: {err}") from None
     db = int(kwargs.get("db") or 0)
     return RedisTarget(topology=Topology.STANDALONE, url=url, db=db)
 
@@ -183,18 +183,18 @@ def _hosts(hostlist: str, url: str) -> tuple[tuple[str, int], ...]:
     for item in hostlist.split(","):
         host, colon, port_text = item.rpartition(":")
         if not item or not colon or not host or host.startswith("[") != host.endswith("]"):
-            raise ValueError(f"{_shown(url)!r}: {item!r} is not HOST:PORT")
+            raise ValueError(f"{shown_url(url)!r}: {item!r} is not HOST:PORT")
         if not port_text.isdigit() or not 0 < int(port_text) <= 65535:
-            raise ValueError(f"{_shown(url)!r}: port {port_text!r} must be 1..65535")
+            raise ValueError(f"{shown_url(url)!r}: port {port_text!r} must be 1..65535")
         hosts.append((host.strip("[]"), int(port_text)))
     if len(set(hosts)) != len(hosts):
-        raise ValueError(f"{_shown(url)!r}: a host is listed twice")
+        raise ValueError(f"{shown_url(url)!r}: a host is listed twice")
     return tuple(hosts)
 
 
 def _db(text: str, url: str) -> int:
     if not text.isdigit():
-        raise ValueError(f"{_shown(url)!r}: database {text!r} must be a number")
+        raise ValueError(f"{shown_url(url)!r}: database {text!r} must be a number")
     return int(text)
 
 
@@ -203,10 +203,10 @@ def _yes_no(text: str, url: str) -> bool:
         return True
     if text.lower() in ("no", "false", "0"):
         return False
-    raise ValueError(f"{_shown(url)!r}: sentinel_auth must be yes or no, got {text!r}")
+    raise ValueError(f"{shown_url(url)!r}: sentinel_auth must be yes or no, got {text!r}")
 
 
-def _shown(url: str) -> str:
+def shown_url(url: str) -> str:
     """The URL with any password masked, for error messages and logs."""
     scheme, sep, rest = url.partition("://")
     userinfo, at, tail = rest.rpartition("@")

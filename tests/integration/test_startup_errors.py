@@ -126,3 +126,45 @@ def test_the_demo_key_is_written_whole_and_private(tmp_path: Path) -> None:
     assert key.read_text() == "mk-new\n"
     assert key.stat().st_mode & 0o777 == 0o600
     assert [p.name for p in tmp_path.iterdir()] == ["demo-key"]  # no temp file left
+
+
+async def test_an_edge_whose_redis_does_not_answer_says_so_once_at_start(tmp_path: Path) -> None:
+    """It serves anyway (by its failure mode), but the operator hears of it at once, with the
+    address (password masked), not only on the first request's auth.unavailable."""
+    import json
+    import signal
+
+    pepper = tmp_path / "pepper"
+    pepper.write_text("p" * 43)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "services.edge",
+        "--plain-http",
+        "--port",
+        "0",
+        "--redis-url",
+        "redis://:hunter2@127.0.0.1:1/0",
+        "--router",
+        "127.0.0.1:1",
+        "--key-pepper-file",
+        str(pepper),
+        cwd=REPO_ROOT,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    assert proc.stderr is not None
+    lines: list[dict[str, object]] = []
+    try:
+        async with asyncio.timeout(30):
+            while not any(line.get("event") == "edge.redis_unreachable" for line in lines):
+                raw = await proc.stderr.readline()
+                assert raw, "the edge exited"
+                lines.append(json.loads(raw))
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        await proc.wait()
+    (warning,) = [line for line in lines if line.get("event") == "edge.redis_unreachable"]
+    assert warning["level"] == "warning"
+    assert warning["url"] == "redis://:***@127.0.0.1:1/0"
+    assert "hunter2" not in json.dumps(lines)
