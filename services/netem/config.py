@@ -28,9 +28,17 @@ _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]+$")
 _LINK_KEYS = ("delay_ms", "jitter_ms", "loss", "rto_ms", "seed")
 
 
+MAX_DELAY_MS = 60_000.0
+"""The longest delay, jitter or retransmission timeout a link may have: a minute one way is
+already no network at all (a cut link is ``loss=1``), and 1e12 ms froze the link for good."""
+
+
 def _finite_non_negative(value: float, param: str) -> None:
-    if not math.isfinite(value) or value < 0:
-        raise InvalidRequest(f"{param} must be a finite number >= 0, got {value!r}", param=param)
+    if not math.isfinite(value) or not 0 <= value <= MAX_DELAY_MS:
+        raise InvalidRequest(
+            f"{param} must be a finite number >= 0 and <= {MAX_DELAY_MS:g}, got {value!r}",
+            param=param,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

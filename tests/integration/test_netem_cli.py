@@ -83,11 +83,14 @@ async def start_netem(*args: str) -> asyncio.subprocess.Process:
     )
 
 
-async def test_the_process_exits_2_on_a_negative_delay() -> None:
-    proc = await start_netem("--route", "kr:127.0.0.1:0=127.0.0.1:9,delay_ms=-1")
+@pytest.mark.parametrize(
+    ("option", "shown"), [("delay_ms=-1", b"-1.0"), ("delay_ms=1e12", b"1000000000000.0")]
+)
+async def test_the_process_exits_2_on_a_delay_out_of_bounds(option: str, shown: bytes) -> None:
+    proc = await start_netem("--route", f"kr:127.0.0.1:0=127.0.0.1:9,{option}")
     _, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode == 2
-    assert b"route[kr].delay_ms must be a finite number >= 0, got -1.0" in err
+    assert b"route[kr].delay_ms must be a finite number >= 0 and <= 60000, got " + shown in err
 
 
 async def test_the_process_exits_1_when_a_listen_address_is_taken() -> None:

@@ -152,8 +152,10 @@ class AdminClient:
             except (json.JSONDecodeError, aiohttp.ContentTypeError):
                 raise AdminError(f"HTTP {resp.status}: not a JSON answer") from None
             if resp.status >= 400:
-                message = data.get("error", {}).get("message") if isinstance(data, dict) else None
-                raise AdminError(f"HTTP {resp.status}: {message or data}")
+                error = data.get("error") if isinstance(data, dict) else None
+                message = error.get("message") if isinstance(error, dict) else error
+                shown = message or resp.reason or "no error message"
+                raise AdminError(f"HTTP {resp.status}: {str(shown)[:500]}")
             return data
 
 

@@ -354,3 +354,36 @@ async def test_a_hung_redis_makes_the_admin_api_503_not_500(
     finally:
         await edge.stop()
         server.stop()
+
+
+@pytest.mark.parametrize(
+    ("body", "shown"),
+    [(b"null", "HTTP 404: Not Found"), (b'{"error": "no such thing"}', "HTTP 404: no such thing")],
+)
+async def test_the_cli_names_an_error_from_a_server_that_is_not_meridian(
+    body: bytes, shown: str
+) -> None:
+    """A proxy or another service on the admin URL: its JSON error is shown as it is (it was
+    "HTTP 404: None", or an AttributeError for a string "error")."""
+    import aiohttp
+    from aiohttp import web
+
+    from services.edge.tenancy.cli import AdminClient, AdminError
+
+    async def answer(request: web.Request) -> web.Response:
+        return web.Response(status=404, body=body, content_type="application/json")
+
+    app = web.Application()
+    app.router.add_get("/admin/tenants", answer)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    port = runner.addresses[0][1]
+    try:
+        async with aiohttp.ClientSession() as session:
+            client = AdminClient(session, f"http://127.0.0.1:{port}", "token")
+            with pytest.raises(AdminError, match=shown):
+                await client.call("GET", "/admin/tenants")
+    finally:
+        await runner.cleanup()
