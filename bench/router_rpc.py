@@ -145,7 +145,9 @@ async def measure(port: int, calls: int, warmup: int, seed: int) -> Figures:
     channel = insecure_channel(f"127.0.0.1:{port}")
     stub = router_pb2_grpc.RouterStub(channel)
     out = Figures()
-    noop = router_pb2.OutcomeReport(decision_id="none", worker_id="nobody")
+    noop = router_pb2.OutcomeReport(  # valid, for no decision: applied as a no-op
+        decision_id="none", worker_id="nobody", outcome=router_pb2.OUTCOME_SUCCESS
+    )
     try:
         for k in range(warmup + calls):
             req = router_pb2.RouteRequest(
