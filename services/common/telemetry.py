@@ -224,6 +224,14 @@ def exemplar_filter_from_env(env: Mapping[str, str]) -> str | None:
 TRACER_IMPLEMENTATIONS = ("lean", "sdk")
 
 
+def check_env(env: Mapping[str, str]) -> None:
+    """Refuse bad telemetry settings (``OTEL_TRACES_SAMPLER``, ``MERIDIAN_TRACER``) before a
+    service starts anything, so they exit 2 naming the variable, as a bad flag does.
+    Raises ValueError."""
+    sampler_from_env(env)
+    tracer_implementation(env)
+
+
 def tracer_implementation(env: Mapping[str, str]) -> str:
     """``MERIDIAN_TRACER``: ``lean`` (default, :mod:`services.common.tracing`) or ``sdk`` (the
     OpenTelemetry SDK's ``TracerProvider`` and OTLP exporter, unchanged)."""

@@ -383,7 +383,7 @@ def main(argv: list[str] | None = None) -> int:
         hasher = _key_hasher(args)
         if config.tls is not None:
             server_context(config.tls)  # unreadable certificates stop us here, not later
-        telemetry.sampler_from_env(os.environ)  # a bad OTEL_TRACES_SAMPLER stops us here
+        telemetry.check_env(os.environ)  # a bad sampler or tracer stops us here
 
     except ValueError as err:
         parser.error(str(err))

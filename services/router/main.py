@@ -181,7 +181,7 @@ def main(argv: list[str] | None = None, environ: dict[str, str] | None = None) -
     env = dict(os.environ) if environ is None else environ
     try:
         debug = debug_config(args, env)
-        telemetry.sampler_from_env(env)  # a bad OTEL_TRACES_SAMPLER stops us here
+        telemetry.check_env(env)  # a bad sampler or tracer stops us here
     except ValueError as err:
         parser.error(str(err))
     try:

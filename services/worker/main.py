@@ -182,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        telemetry.sampler_from_env(os.environ)  # a bad OTEL_TRACES_SAMPLER stops us here
+        telemetry.check_env(os.environ)  # a bad sampler or tracer stops us here
         engine = build_engine(args)
     except (EngineConfigError, ValueError) as err:
         parser.error(str(err))

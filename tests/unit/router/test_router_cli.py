@@ -205,3 +205,20 @@ def test_bad_debug_route_queries_name_the_parameter(query: dict[str, str], param
     with pytest.raises(BadParam) as exc:
         route_request_from_query(MultiDict(query))
     assert exc.value.param == param
+
+
+@pytest.mark.parametrize(
+    ("env", "problem"),
+    [
+        ({"MERIDIAN_TRACER": "bogus"}, "MERIDIAN_TRACER 'bogus' is not one of"),
+        ({"OTEL_TRACES_SAMPLER": "sometimes"}, "OTEL_TRACES_SAMPLER 'sometimes' is not one of"),
+    ],
+)
+def test_main_refuses_bad_telemetry_settings_with_exit_2_before_starting(
+    env: dict[str, str], problem: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """MERIDIAN_TRACER was found only once the router was starting: exit 1, not a usage error."""
+    with pytest.raises(SystemExit) as exc:
+        main(["--worker", "127.0.0.1:7001"], env)
+    assert exc.value.code == 2
+    assert problem in capsys.readouterr().err
