@@ -20,6 +20,11 @@ MAX_MESSAGES: Final = 2048
 MAX_CONTENT_CHARS: Final = 1_000_000
 MAX_REQUEST_ID_CHARS: Final = 128
 MAX_MODEL_NAME_CHARS: Final = 256
+MAX_TENANT_ID_CHARS: Final = 64  # the edge's tenant ids (tenancy/tenants.py TENANT_ID_PATTERN)
+MAX_DECISION_ID_CHARS: Final = 128  # a router decision id (opaque; the router's are short)
+MAX_TOOL_CALLS: Final = 128  # calls in one assistant message of the history
+MAX_CALL_ID_CHARS: Final = 256  # a tool call's id, and a tool message's tool_call_id
+MAX_FUNCTION_NAME_CHARS: Final = 64
 CHAT_ROLES: Final = frozenset({"system", "developer", "user", "assistant", "tool"})
 
 # Completions and embeddings (issue 12).

@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import jsonschema_rs
 from google.protobuf.struct_pb2 import Struct
 
 from meridian.v1 import worker_pb2
@@ -173,6 +174,7 @@ def request_from_pb(pb: worker_pb2.GenerateRequest, *, traceparent: str = "") ->
         )
     if not pb.model or len(pb.model) > limits.MAX_MODEL_NAME_CHARS:
         raise InvalidRequest("model is required", param="model")
+    _check_ids(pb.tenant_id, pb.decision_id)
     if pb.HasField("raw_prompt"):
         if pb.messages:
             raise InvalidRequest("give messages or raw_prompt, not both", param="messages")
@@ -206,7 +208,17 @@ def request_from_pb(pb: worker_pb2.GenerateRequest, *, traceparent: str = "") ->
                 f"messages[{i}].content is longer than {limits.MAX_CONTENT_CHARS} characters",
                 param=f"messages[{i}].content",
             )
-        calls = tuple(ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in m.tool_calls)
+        if len(m.name) > limits.MAX_FUNCTION_NAME_CHARS:
+            raise InvalidRequest(
+                f"messages[{i}].name is longer than {limits.MAX_FUNCTION_NAME_CHARS} characters",
+                param=f"messages[{i}].name",
+            )
+        if len(m.tool_call_id) > limits.MAX_CALL_ID_CHARS:
+            raise InvalidRequest(
+                f"messages[{i}].tool_call_id is longer than {limits.MAX_CALL_ID_CHARS} characters",
+                param=f"messages[{i}].tool_call_id",
+            )
+        calls = _tool_calls(m.tool_calls, i)
         if calls and m.role != "assistant":
             raise InvalidRequest(
                 f"messages[{i}].tool_calls is only allowed on assistant messages",
@@ -240,11 +252,56 @@ def request_from_pb(pb: worker_pb2.GenerateRequest, *, traceparent: str = "") ->
     )
 
 
+def _check_ids(tenant_id: str, decision_id: str) -> None:
+    if len(tenant_id) > limits.MAX_TENANT_ID_CHARS:
+        raise InvalidRequest(
+            f"tenant_id is longer than {limits.MAX_TENANT_ID_CHARS} characters",
+            param="tenant_id",
+        )
+    if len(decision_id) > limits.MAX_DECISION_ID_CHARS:
+        raise InvalidRequest(
+            f"decision_id is longer than {limits.MAX_DECISION_ID_CHARS} characters",
+            param="decision_id",
+        )
+
+
+def _tool_calls(calls: Any, i: int) -> tuple[ToolCall, ...]:
+    """An assistant turn's calls, each bounded (the edge's bounds: its ToolCallIn)."""
+    where = f"messages[{i}].tool_calls"
+    if len(calls) > limits.MAX_TOOL_CALLS:
+        raise InvalidRequest(f"{where} has more than {limits.MAX_TOOL_CALLS} calls", param=where)
+    for j, c in enumerate(calls):
+        if len(c.id) > limits.MAX_CALL_ID_CHARS:
+            raise InvalidRequest(
+                f"{where}[{j}].id is longer than {limits.MAX_CALL_ID_CHARS} characters",
+                param=f"{where}[{j}].id",
+            )
+        if len(c.name) > limits.MAX_FUNCTION_NAME_CHARS:
+            raise InvalidRequest(
+                f"{where}[{j}].function.name is longer than {limits.MAX_FUNCTION_NAME_CHARS} "
+                "characters",
+                param=f"{where}[{j}].function.name",
+            )
+        if len(c.arguments) > limits.MAX_CONTENT_CHARS:
+            raise InvalidRequest(
+                f"{where}[{j}].function.arguments is longer than {limits.MAX_CONTENT_CHARS} "
+                "characters",
+                param=f"{where}[{j}].function.arguments",
+            )
+    return tuple(ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in calls)
+
+
 def choices_from_pb(pb: worker_pb2.GenerateRequest) -> int:
     """How many choices to generate (``n``; 0 means 1)."""
     n = pb.n or 1
     if n > MAX_CHOICES:
         raise InvalidRequest(f"n must be at most {MAX_CHOICES}, got {n}", param="n")
+    if n > 1 and pb.HasField("resume"):
+        # The delivered tokens are one sequence's; every choice would continue that one.
+        raise InvalidRequest(
+            f"resume continues one choice's stream; it cannot be given with n = {n}",
+            param="resume",
+        )
     return n
 
 
@@ -304,14 +361,73 @@ def response_format_from_pb(pb: worker_pb2.ResponseFormat) -> ResponseFormat:
     return ResponseFormat(type="json_schema", schema=schema, name=pb.name, strict=pb.strict)
 
 
+#: The drafts a schema may name in ``$schema``, as the edge allows (any other is refused,
+#: never fetched: the metaschema check would fetch it).
+_KNOWN_DRAFTS = frozenset(
+    f"{scheme}://json-schema.org/{draft}{end}"
+    for scheme in ("http", "https")
+    for draft in (
+        "draft-04/schema",
+        "draft-06/schema",
+        "draft-07/schema",
+        "draft/2019-09/schema",
+        "draft/2020-12/schema",
+    )
+    for end in ("", "#")
+)
+
+
 def _schema(struct: Struct, param: str) -> dict[str, Any]:
-    """A Struct as JSON. A Struct can hold what JSON cannot (NaN, infinities): protobuf's
+    """A Struct as a JSON schema, held to what the edge holds one to: nested at most
+    ``limits.MAX_SCHEMA_DEPTH`` deep and valid against its metaschema (``{"type": 5}`` is
+    not a schema). A Struct can hold what JSON cannot (NaN, infinities): protobuf's
     converter refuses it with a ValueError, which must be this request's 400, not the call's
     INTERNAL (the edge never sends one; another gRPC client can)."""
     try:
-        return from_struct(struct)
+        schema = from_struct(struct)
     except ValueError as err:
         raise InvalidRequest(f"{param} is not JSON: {err}", param=param) from None
+    if _nests_deeper(schema, limits.MAX_SCHEMA_DEPTH):
+        raise InvalidRequest(
+            f"{param}: objects and arrays nest more than {limits.MAX_SCHEMA_DEPTH} deep",
+            param=param,
+        )
+    draft = schema.get("$schema")
+    if draft is not None and draft not in _KNOWN_DRAFTS:
+        raise InvalidRequest(
+            f"{param}: $schema must name a JSON-schema draft (04, 06, 07, 2019-09 or 2020-12)",
+            param=param,
+        )
+    try:
+        jsonschema_rs.meta.validate(schema)
+    except jsonschema_rs.ValidationError as err:
+        where = "/".join(str(p) for p in err.instance_path)
+        raise InvalidRequest(
+            f"{param} is not a valid JSON schema: {err.message}"
+            + (f" (at {where})" if where else ""),
+            param=param,
+        ) from None
+    except (jsonschema_rs.ReferencingError, ValueError, RecursionError) as err:
+        raise InvalidRequest(f"{param} is not a valid JSON schema: {err}", param=param) from None
+    return schema
+
+
+def _nests_deeper(value: object, room: int) -> bool:
+    """Whether containers nest past ``room`` levels (the value itself is 1): level by level,
+    so a hostile schema cannot exhaust the stack."""
+    level: list[Any] = [value] if isinstance(value, (dict, list)) else []
+    depth = 1
+    while level:
+        if depth > room:
+            return True
+        level = [
+            child
+            for node in level
+            for child in (node.values() if isinstance(node, dict) else node)
+            if isinstance(child, (dict, list))
+        ]
+        depth += 1
+    return False
 
 
 #: The longest delivered-text tail a continuing worker accepts (stop strings are shorter).
@@ -408,6 +524,7 @@ def embed_request_from_pb(pb: worker_pb2.EmbedRequest) -> EmbedRequest:
         )
     if not pb.model or len(pb.model) > limits.MAX_MODEL_NAME_CHARS:
         raise InvalidRequest("model is required", param="model")
+    _check_ids(pb.tenant_id, pb.decision_id)
     if not pb.inputs:
         raise InvalidRequest("input must not be empty", param="input")
     if len(pb.inputs) > limits.MAX_EMBEDDING_INPUTS:

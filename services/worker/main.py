@@ -23,7 +23,7 @@ from services.common import cli, logs, runtime, telemetry
 from services.worker.engine import Engine, EngineConfigError
 from services.worker.engine_factory import ENGINE_NAMES, build_engine
 from services.worker.server import WorkerConfig, WorkerServer
-from services.worker.service import EARLY_REPORT_LOAD
+from services.worker.service import EARLY_REPORT_LOAD, MAX_LOAD_WATCHERS
 from services.worker.upstream import options as upstream_options
 
 _ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -62,6 +62,13 @@ def build_parser() -> argparse.ArgumentParser:
         "that refuse work near saturation see the room (default: %(default)s)",
     )
     p.add_argument("--drain-grace-s", type=cli.positive_float, default=10.0)
+    p.add_argument(
+        "--max-load-watchers",
+        type=cli.positive_int,
+        default=MAX_LOAD_WATCHERS,
+        help="WatchLoad streams open at once at most, one per router replica normally; one "
+        "more is refused with RESOURCE_EXHAUSTED (default: %(default)s)",
+    )
     p.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     g = p.add_argument_group("model")
     g.add_argument("--model", help="vllm: path or name of the weights; sim: served model name")
@@ -147,6 +154,7 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         report_interval_s=args.report_interval_ms / 1000,
         early_report_load=args.early_report_load,
         drain_grace_s=args.drain_grace_s,
+        max_load_watchers=args.max_load_watchers,
     )
 
 

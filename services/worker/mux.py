@@ -17,6 +17,14 @@ Flow control per stream: a stream may have ``window`` chunks sent and not yet co
 edge (credit messages grant more). A stream out of credit stops pulling from the engine, whose
 output for it then merges until the edge reads again — one slow client slows only its own
 stream, never the call that all the others share.
+
+Backpressure from the writer: the per-stream window bounds a stream only while credit is
+finite, and it is not once the edge half-closes (no credit can come, so none is needed) or
+when a caller sends credit without reading. So the call as a whole is bounded too: events
+queued and not yet written (``queued``) stop every stream from pulling more once they reach
+``MAX_QUEUED_EVENTS`` (their engines merge what waits, as for a stream out of credit), and the
+streams go on as the writer gets the call's frames out. A caller that never reads holds at
+most that many events here, whatever its credits or its half-close say.
 """
 
 from __future__ import annotations
@@ -46,6 +54,9 @@ MAX_WINDOW = 1024
 MAX_STREAMS_PER_CALL = 4096
 #: Events in one frame at most (a frame stays far below the 4 MiB message limit).
 MAX_EVENTS_PER_FRAME = 512
+#: Events queued on one call and not yet written at most: past it, streams wait for the
+#: writer (a caller that stops reading, whose HTTP/2 window has filled, holds this many).
+MAX_QUEUED_EVENTS = 8192
 
 Handler = Callable[
     [worker_pb2.GenerateRequest, Any], AsyncGenerator[worker_pb2.GenerateChunk, None]
@@ -121,6 +132,11 @@ class MuxSession:
         self._streams: dict[int, _Stream] = {}
         self._frames: list[worker_pb2.MuxFrame] = []  # written in order; the last one fills
         self._wake = asyncio.Event()
+        self._room = asyncio.Event()  # set by the writer when ``queued`` falls below the cap
+        self._room.set()
+        self._max_queued = MAX_QUEUED_EVENTS
+        #: Events in ``_frames`` or being written: what this call holds for its caller.
+        self.queued = 0
         self._closed = False
         self._finishing = False  # no more requests: write what is left, then return
         self._shut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -155,11 +171,15 @@ class MuxSession:
             tasks = [s.task for s in self._streams.values() if s.task is not None]
             for task in tasks:
                 task.cancel()
-            await asyncio.gather(reader, *tasks, return_exceptions=True)
             writer.cancel()
-            with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
-                await writer
-            event(log, "mux.closed", frames=self.frames, events=self.events)
+            try:
+                # These waits can be cut short (the handler cancelled while they run, as
+                # when the client leaves while the writer is blocked): log the close anyway.
+                await asyncio.gather(reader, *tasks, return_exceptions=True)
+                with contextlib.suppress(asyncio.CancelledError, grpc.aio.AioRpcError):
+                    await writer
+            finally:
+                event(log, "mux.closed", frames=self.frames, events=self.events)
         if broken is not None:
             await self._context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(broken))
 
@@ -200,7 +220,9 @@ class MuxSession:
             stream.task = asyncio.create_task(self._run(request.stream_id, request.open, stream))
         elif op == "cancel":
             live = self._streams.get(request.stream_id)
-            if live is not None and live.task is not None:
+            # ``cancel`` is a bool: set to false, the message asks nothing (proto3 still
+            # reports the oneof as set).
+            if request.cancel and live is not None and live.task is not None:
                 live.task.cancel()
         elif op == "credit":
             live = self._streams.get(request.stream_id)
@@ -215,6 +237,8 @@ class MuxSession:
                     if stream.credit <= 0:
                         await stream.wait_for_credit()
                     stream.credit -= 1
+                    if self.queued >= self._max_queued:
+                        await self._wait_for_room()
                     self._event(stream_id).chunk.CopyFrom(chunk)
             self._emit_end(stream_id, grpc.StatusCode.OK, "", {})
         except StreamAborted as aborted:
@@ -227,6 +251,13 @@ class MuxSession:
         finally:
             self._streams.pop(stream_id, None)
 
+    async def _wait_for_room(self) -> None:
+        """Until the writer has got the queue below the cap (called only when it is at it:
+        the per-chunk check stays inline)."""
+        while self.queued >= self._max_queued:
+            self._room.clear()
+            await self._room.wait()
+
     def _event(self, stream_id: int) -> worker_pb2.MuxEvent:
         """A new event for ``stream_id`` in the frame being filled (built in place: the
         chunk is copied once, into the frame that is written)."""
@@ -234,6 +265,7 @@ class MuxSession:
         if not frames or len(frames[-1].events) >= MAX_EVENTS_PER_FRAME:
             frames.append(worker_pb2.MuxFrame())
         self._wake.set()
+        self.queued += 1
         item: worker_pb2.MuxEvent = frames[-1].events.add(stream_id=stream_id)
         return item
 
@@ -254,8 +286,12 @@ class MuxSession:
             self._wake.clear()
             while self._frames:
                 frame = self._frames.pop(0)
+                count = len(frame.events)
                 self.frames += 1
-                self.events += len(frame.events)
+                self.events += count
                 await self._context.write(frame)
+                self.queued -= count
+                if self.queued < self._max_queued:
+                    self._room.set()
             if self._finishing:
                 return

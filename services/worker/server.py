@@ -35,7 +35,7 @@ from services.common.startup import bind_grpc
 from services.common.telemetry import Telemetry
 from services.worker.engine import Engine, ExposesMetrics, Instrumented
 from services.worker.observability import WorkerTelemetry
-from services.worker.service import EARLY_REPORT_LOAD, WorkerService
+from services.worker.service import EARLY_REPORT_LOAD, MAX_LOAD_WATCHERS, WorkerService
 
 log = logging.getLogger("meridian.worker")
 
@@ -54,6 +54,8 @@ class WorkerConfig:
     report_interval_s: float = 0.1
     early_report_load: float = EARLY_REPORT_LOAD
     drain_grace_s: float = 10.0
+    #: WatchLoad streams open at once at most (routers × replicas, with room to spare).
+    max_load_watchers: int = MAX_LOAD_WATCHERS
     #: How long ``server.stop`` lets RPCs still open after the drain finish.
     stop_grace_s: float = 1.0
 
@@ -66,6 +68,8 @@ class WorkerConfig:
             raise ValueError("report_interval_s must be > 0")
         if not 0.0 <= self.early_report_load <= 1.0:
             raise ValueError("early_report_load must be within [0, 1]")
+        if self.max_load_watchers < 1:
+            raise ValueError("max_load_watchers must be >= 1")
         if not self.drain_grace_s > 0 or self.stop_grace_s < 0:
             raise ValueError("drain_grace_s must be > 0 and stop_grace_s >= 0")
 
@@ -98,6 +102,7 @@ class WorkerServer:
             region=config.region,
             report_interval_s=config.report_interval_s,
             early_report_load=config.early_report_load,
+            max_load_watchers=config.max_load_watchers,
             telemetry=WorkerTelemetry(
                 tracer=telemetry.tracer,
                 meter=telemetry.meter,

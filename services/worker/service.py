@@ -23,7 +23,13 @@ from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from meridian.v1 import worker_pb2, worker_pb2_grpc
 from services.common import metric_names as mn
-from services.common.errors import InvalidRequest, MeridianError, ModelNotFound, Unavailable
+from services.common.errors import (
+    InvalidRequest,
+    MeridianError,
+    ModelNotFound,
+    Overloaded,
+    Unavailable,
+)
 from services.common.grpcutil import abort_with
 from services.common.logs import event
 from services.common.tracecontext import extract_metadata
@@ -43,6 +49,11 @@ MAX_REPORT_INTERVAL_S = 10.0
 #: a worker they last saw nearly full is refused work it already has room for until its next
 #: periodic report; below this load a stale report changes no decision.
 EARLY_REPORT_LOAD = 0.9
+#: WatchLoad streams open at once at most (``--max-load-watchers``): one per router replica
+#: is the normal case, so this is routers × replicas with room to spare. One more is refused
+#: (RESOURCE_EXHAUSTED): each stream is a report built and sent every interval, and 400 of
+#: them took the event loop's probe latency from 2 ms to 95 ms.
+MAX_LOAD_WATCHERS = 64
 
 
 class WorkerService(worker_pb2_grpc.WorkerServicer):
@@ -55,10 +66,15 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         version: str = "0.1.0",
         report_interval_s: float = 0.1,
         early_report_load: float = EARLY_REPORT_LOAD,
+        max_load_watchers: int = MAX_LOAD_WATCHERS,
         telemetry: WorkerTelemetry | None = None,
     ) -> None:
         if not 0.0 <= early_report_load <= 1.0:
             raise ValueError(f"early_report_load must be within [0, 1], got {early_report_load}")
+        if max_load_watchers < 1:
+            raise ValueError(f"max_load_watchers must be >= 1, got {max_load_watchers}")
+        self._max_load_watchers = max_load_watchers
+        self.load_watchers = 0
         self._engine = engine
         self.telemetry = telemetry or WorkerTelemetry()
         self._worker_id = worker_id
@@ -67,6 +83,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._report_interval_s = report_interval_s
         self._draining = False
         self._inflight: dict[str, asyncio.Task[object]] = {}
+        #: The engine's ids of an in-flight request with n > 1 (``<id>#<i>``, choices.py):
+        #: what the drain aborts for it. Absent for n == 1 (the engine's id is its own).
+        self._choice_ids: dict[str, tuple[str, ...]] = {}
         self._idle = asyncio.Event()
         self._idle.set()
         self._admissions = AdmissionLog()
@@ -161,6 +180,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             span.set_attribute("meridian.tools.count", len(engine_request.tools))
             span.set_attribute("meridian.response_format", engine_request.response_format.type)
         requests = choice_requests(engine_request, n)
+        if n > 1:
+            self._choice_ids[engine_request.request_id] = tuple(r.request_id for r in requests)
         try:
             async with contextlib.aclosing(interleave(self._engine, requests)) as outputs:
                 async for index, out in outputs:
@@ -204,6 +225,8 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             await abort_with(context, err)
         finally:
             self._inflight.pop(engine_request.request_id, None)
+            if n > 1:
+                self._choice_ids.pop(engine_request.request_id, None)
             if not self._inflight:
                 self._idle.set()
             self._capacity_freed()
@@ -351,6 +374,15 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         request: worker_pb2.WatchLoadRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> AsyncIterator[worker_pb2.LoadReport]:
+        if self.load_watchers >= self._max_load_watchers:
+            await abort_with(
+                context,
+                Overloaded(
+                    f"at most {self._max_load_watchers} WatchLoad streams may be open on this "
+                    "worker (--max-load-watchers); retry later",
+                    retry_after_s=5.0,
+                ),
+            )
         interval = request.interval_ms / 1000 if request.interval_ms else self._report_interval_s
         interval = min(max(interval, MIN_REPORT_INTERVAL_S), MAX_REPORT_INTERVAL_S)
         sequence = 0
@@ -358,6 +390,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         task = asyncio.current_task()
         assert task is not None
         self._streams.add(task)
+        self.load_watchers += 1
         try:
             while True:
                 changed = self._changed
@@ -371,6 +404,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(changed.wait(), timeout=interval)
         finally:
+            self.load_watchers -= 1
             self._streams.discard(task)
 
     async def Probe(
@@ -411,7 +445,12 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             await asyncio.wait_for(self._idle.wait(), grace_s)
         leftover = list(self._inflight)
         for request_id in leftover:
-            await self._engine.abort(request_id)
+            # Every choice of an n > 1 request is an engine request of its own: each is
+            # aborted, so each ends with its handoff chunk and the call ends cleanly (such a
+            # stream cannot migrate, and the edge ends it with an error saying so:
+            # docs/migration.md) instead of being cut by the cancel below.
+            for engine_id in self._choice_ids.get(request_id, (request_id,)):
+                await self._engine.abort(engine_id)
         # Give the aborted streams a moment to send their final (ABORT) chunk.
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), 1.0)

@@ -11,7 +11,9 @@ used over Generate.
 from __future__ import annotations
 
 import asyncio
+import logging
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 import pytest
@@ -21,9 +23,12 @@ from services.common.errors import Unavailable
 from services.edge.counters import EdgeCounters
 from services.edge.upstream.mux import WINDOW
 from services.edge.upstream.worker_pool import TokenCall, WorkerPool
+from services.worker import mux as worker_mux
+from services.worker.mux import MAX_WINDOW, MuxSession
 from services.worker.service import WorkerService
 from services.worker.sim import SimConfig, SimEngine
 from tests.support.inproc import RunningWorker, start_worker
+from tests.support.wait import eventually
 
 MODEL = "meridian-sim"
 
@@ -320,3 +325,141 @@ async def test_streams_open_when_the_edge_half_closes_still_finish_with_their_en
         assert tokens == 40
         assert mine[-1].HasField("end")
         assert mine[-1].end.code == grpc.StatusCode.OK.value[0]
+
+
+@pytest.fixture
+async def roomy_worker() -> AsyncIterator[RunningWorker]:
+    """A fast simulator with room for 64 long streams at once (no preemption)."""
+    engine = SimEngine(
+        SimConfig(models=(MODEL,), time_scale=0.1, max_num_seqs=64, kv_cache_tokens=262_144)
+    )
+    running = await start_worker(engine, worker_id="kr-2", region="kr")
+    yield running
+    await running.stop()
+
+
+def _session(worker: RunningWorker) -> MuxSession:
+    (session,) = worker.service._mux
+    return session
+
+
+async def _peak_queued(worker: RunningWorker, seconds: float) -> int:
+    """The most events the worker's one GenerateMux call held unwritten over ``seconds``."""
+    await eventually(lambda: bool(worker.service._mux))
+    peak = 0
+    loop = asyncio.get_running_loop()
+    until = loop.time() + seconds
+    while loop.time() < until:
+        peak = max(peak, _session(worker).queued)
+        await asyncio.sleep(0.02)
+    return peak
+
+
+STREAMS = 64
+LONG = 600
+#: The cap for these tests: lower than the default, so that few tokens fill it.
+CAP = 2048
+
+
+def _long_open(stream_id: int) -> worker_pb2.MuxRequest:
+    return worker_pb2.MuxRequest(
+        stream_id=stream_id,
+        open=worker_pb2.MuxOpen(request=request(stream_id, tokens=LONG), window=MAX_WINDOW),
+    )
+
+
+def _small_window_channel(address: str) -> grpc.aio.Channel:
+    """A caller whose transport buffers little for it (HTTP/2's 64 KiB window, never grown
+    by BDP probing): what the worker writes soon fills it, and the writer waits."""
+    return grpc.aio.insecure_channel(address, options=[("grpc.http2.bdp_probe", 0)])
+
+
+async def _read_all(call: Any) -> dict[int, list[worker_pb2.MuxEvent]]:
+    by_stream: dict[int, list[worker_pb2.MuxEvent]] = {}
+    async for frame in call:
+        for e in frame.events:
+            by_stream.setdefault(e.stream_id, []).append(e)
+    return by_stream
+
+
+def _assert_every_token(by_stream: dict[int, list[worker_pb2.MuxEvent]]) -> None:
+    assert sorted(by_stream) == list(range(1, STREAMS + 1))
+    for mine in by_stream.values():
+        assert sum(len(e.chunk.token_ids) for e in mine if e.HasField("chunk")) == LONG
+        assert mine[-1].HasField("end")
+        assert mine[-1].end.code == grpc.StatusCode.OK.value[0]
+
+
+@pytest.mark.parametrize("how", ["half_close", "credit_only"])
+async def test_a_caller_that_never_reads_holds_a_bounded_queue_and_a_reader_still_gets_all(
+    roomy_worker: RunningWorker, how: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Half-closed (credit no longer bounds a stream) or sending credit it never reads: the
+    streams stop pulling once ``MAX_QUEUED_EVENTS`` wait for the writer — the call held
+    every event its streams made (hundreds of thousands, +100 MB from one call) — and the
+    caller that then reads still gets every token and every end."""
+    from meridian.v1 import worker_pb2_grpc
+
+    monkeypatch.setattr(worker_mux, "MAX_QUEUED_EVENTS", CAP)
+    done_sending = asyncio.Event()
+
+    async def requests() -> AsyncIterator[worker_pb2.MuxRequest]:
+        for i in range(1, STREAMS + 1):
+            yield _long_open(i)
+        if how == "credit_only":
+            while not done_sending.is_set():
+                for i in range(1, STREAMS + 1):
+                    yield worker_pb2.MuxRequest(stream_id=i, credit=MAX_WINDOW)
+                await asyncio.sleep(0.01)
+
+    channel = _small_window_channel(roomy_worker.address)
+    try:
+        call = worker_pb2_grpc.WorkerStub(channel).GenerateMux(requests(), timeout=60.0)
+        peak = await _peak_queued(roomy_worker, 2.0)
+        assert peak <= CAP + STREAMS  # each stream's end is queued unchecked
+        assert peak > CAP // 2  # the writer was behind: the cap did the work
+        done_sending.set()
+        _assert_every_token(await _read_all(call))
+        assert await call.code() is grpc.StatusCode.OK
+    finally:
+        await channel.close()
+
+
+async def test_a_cancel_set_to_false_cancels_nothing(worker: RunningWorker) -> None:
+    """``cancel`` is a bool in the oneof: false asks for nothing, and the stream runs on."""
+    events, call = await _raw_mux(
+        worker.address,
+        [_open(1, 1), worker_pb2.MuxRequest(stream_id=1, cancel=False)],
+        idle_s=1.0,
+    )
+    call.cancel()
+    mine = [e for e in events if e.stream_id == 1]
+    assert sum(len(e.chunk.token_ids) for e in mine if e.HasField("chunk")) == 40
+    assert mine[-1].HasField("end")
+    assert mine[-1].end.code == grpc.StatusCode.OK.value[0]
+
+
+async def test_a_call_cancelled_while_its_writer_waits_is_still_logged_closed(
+    roomy_worker: RunningWorker, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The client cancels while the worker is blocked writing to it: ``mux.closed`` is
+    logged all the same (the close's waits were cut short before the log line)."""
+    from meridian.v1 import worker_pb2_grpc
+
+    caplog.set_level(logging.INFO, logger="meridian.worker.mux")
+
+    async def requests() -> AsyncIterator[worker_pb2.MuxRequest]:
+        for i in range(1, STREAMS + 1):
+            yield _long_open(i)
+        await asyncio.Event().wait()  # never half-closes, never reads
+
+    channel = _small_window_channel(roomy_worker.address)
+    try:
+        call = worker_pb2_grpc.WorkerStub(channel).GenerateMux(requests(), timeout=60.0)
+        assert await _peak_queued(roomy_worker, 1.5) > 0  # the writer is behind
+        call.cancel()
+        await eventually(lambda: not roomy_worker.service._mux, timeout_s=2.0)
+        await asyncio.sleep(0.05)
+    finally:
+        await channel.close()
+    assert [r for r in caplog.records if r.getMessage() == "mux.closed"]

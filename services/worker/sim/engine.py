@@ -246,7 +246,7 @@ class SimEngine:
             raise ModelNotFound(f"model {request.model!r} is not served here", param="model")
         if not c.embeddings:
             raise InvalidRequest("this model does not serve embeddings", param="input")
-        ids = embed.check_inputs(
+        ids = await embed.check_inputs(
             request.inputs,
             max_model_len=c.max_model_len,
             size=c.embedding_dimensions,
@@ -257,7 +257,7 @@ class SimEngine:
         started = self._clock.monotonic()
         tokens = tuple(len(x) for x in ids)
         await asyncio.sleep(c.prefill_ms_per_token * sum(tokens) / 1000 * c.time_scale)
-        vectors = tuple(embed.embed_ids(x, c.embedding_dimensions, request.dimensions) for x in ids)
+        vectors = await embed.embed_all(ids, c.embedding_dimensions, request.dimensions)
         return EmbedResult(
             vectors=vectors,
             prompt_tokens=tokens,

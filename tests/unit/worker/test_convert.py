@@ -1,3 +1,5 @@
+from typing import Any
+
 import pytest
 
 from meridian.v1 import worker_pb2
@@ -137,3 +139,117 @@ def test_a_priority_that_is_not_a_router_priority_is_refused(priority: int) -> N
     with pytest.raises(InvalidRequest) as err:
         request_from_pb(req)
     assert err.value.param == "priority"
+
+
+def _json_schema_request(schema: dict[str, Any]) -> worker_pb2.GenerateRequest:
+    r = request()
+    r.response_format.type = worker_pb2.ResponseFormat.RESPONSE_FORMAT_TYPE_JSON_SCHEMA
+    r.response_format.name = "x"
+    r.response_format.schema.update(schema)
+    return r
+
+
+def _nested(depth: int) -> dict[str, Any]:
+    schema: dict[str, Any] = {"type": "string"}
+    for _ in range(depth - 1):
+        schema = {"type": "object", "properties": {"a": schema}}
+    return schema
+
+
+def test_a_schema_nested_past_the_shared_depth_is_refused_at_the_worker() -> None:
+    """``limits.MAX_SCHEMA_DEPTH`` held only at the edge: a gRPC caller's deeper schema went
+    on to the engine. Each properties level is two containers deep."""
+    from services.common import limits
+
+    ok = _nested(limits.MAX_SCHEMA_DEPTH // 2)
+    assert request_from_pb(_json_schema_request(ok)).response_format.schema == ok
+    with pytest.raises(InvalidRequest) as err:
+        request_from_pb(_json_schema_request(_nested(limits.MAX_SCHEMA_DEPTH // 2 + 1)))
+    assert err.value.param == "response_format.json_schema.schema"
+    assert f"more than {limits.MAX_SCHEMA_DEPTH} deep" in err.value.message
+    tool_req = request()
+    tool = tool_req.tools.add(type="function")
+    tool.function.name = "f"
+    tool.function.parameters.update(_nested(limits.MAX_SCHEMA_DEPTH))
+    with pytest.raises(InvalidRequest) as err:
+        request_from_pb(tool_req)
+    assert err.value.param == "tools[0].function.parameters"
+
+
+@pytest.mark.parametrize(
+    "schema",
+    [{"type": 5}, {"type": "object", "properties": {"a": {"minimum": "zero"}}}],
+    ids=["type-5", "minimum-string"],
+)
+def test_a_schema_its_metaschema_refuses_is_refused_naming_it(schema: dict[str, Any]) -> None:
+    with pytest.raises(InvalidRequest) as err:
+        request_from_pb(_json_schema_request(schema))
+    assert err.value.param == "response_format.json_schema.schema"
+    assert "not a valid JSON schema" in err.value.message
+
+
+def test_a_schema_naming_an_unknown_draft_is_refused_and_nothing_is_fetched() -> None:
+    with pytest.raises(InvalidRequest) as err:
+        request_from_pb(_json_schema_request({"$schema": "http://10.255.255.1/schema"}))
+    assert "$schema must name a JSON-schema draft" in err.value.message
+
+
+def test_resume_with_several_choices_is_refused_naming_resume() -> None:
+    """The delivered tokens are one sequence's: with n > 1 every choice was given them."""
+    from services.worker.convert import choices_from_pb
+
+    r = request(max_tokens=50)
+    r.resume.delivered_token_ids.extend([5, 6])
+    r.n = 2
+    with pytest.raises(InvalidRequest) as err:
+        choices_from_pb(r)
+    assert err.value.param == "resume"
+    assert "n = 2" in err.value.message
+    r.n = 1
+    assert choices_from_pb(r) == 1
+
+
+def _with_tool_turn(call_id: str = "call-1", calls: int = 1) -> worker_pb2.GenerateRequest:
+    r = request()
+    assistant = r.messages.add(role="assistant")
+    for j in range(calls):
+        assistant.tool_calls.add(id=f"call-{j}", name="f", arguments="{}")
+    r.messages.add(role="tool", content="42", tool_call_id=call_id)
+    return r
+
+
+@pytest.mark.parametrize(
+    ("build", "param"),
+    [
+        (lambda: _with_tool_turn(call_id="x" * 3_000_000), "messages[2].tool_call_id"),
+        (lambda: _with_tool_turn(calls=50_000), "messages[1].tool_calls"),
+        (lambda: _with_tool_turn(call_id="call-0", calls=1), None),
+    ],
+    ids=["tool_call_id-3MB", "50000-tool-calls", "ok"],
+)
+def test_tool_turn_fields_are_bounded_naming_the_field(build, param: str | None) -> None:  # type: ignore[no-untyped-def]
+    r = build()
+    if param is None:
+        assert request_from_pb(r).messages[2].tool_call_id == "call-0"
+        return
+    with pytest.raises(InvalidRequest) as err:
+        request_from_pb(r)
+    assert err.value.param == param
+
+
+@pytest.mark.parametrize("field", ["tenant_id", "decision_id"])
+def test_tenant_and_decision_ids_are_bounded_naming_the_field(field: str) -> None:
+    from services.worker.convert import embed_request_from_pb
+
+    r = request()
+    setattr(r, field, "t" * 3_000_000)
+    with pytest.raises(InvalidRequest) as err:
+        request_from_pb(r)
+    assert err.value.param == field
+    e = worker_pb2.EmbedRequest(request_id="e", model="m", inputs=[worker_pb2.RawPrompt(text="x")])
+    setattr(e, field, "t" * 3_000_000)
+    with pytest.raises(InvalidRequest) as err:
+        embed_request_from_pb(e)
+    assert err.value.param == field
+    setattr(r, field, "t" * 64)
+    assert request_from_pb(r).request_id == "r1"

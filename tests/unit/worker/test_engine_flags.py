@@ -117,3 +117,15 @@ def test_timing_flags_must_be_finite_and_positive(
         build_parser().parse_args([*SIM, flag, value])
     assert exited.value.code == 2
     assert f"argument {flag}: must be " in capsys.readouterr().err
+
+
+def test_max_load_watchers_reaches_the_config_and_must_be_positive(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from services.worker.main import worker_config
+
+    args = build_parser().parse_args([*SIM, "--max-load-watchers", "16"])
+    assert worker_config(args).max_load_watchers == 16
+    with pytest.raises(SystemExit):
+        build_parser().parse_args([*SIM, "--max-load-watchers", "0"])
+    assert "argument --max-load-watchers: must be " in capsys.readouterr().err
