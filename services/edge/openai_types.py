@@ -38,6 +38,7 @@ from pydantic_core import ErrorDetails
 
 from services.common import limits
 from services.common.errors import InvalidRequest
+from services.common.schema_rules import KNOWN_DRAFTS, nested_past
 from services.edge.jsonbody import load_object
 
 Role = Literal["system", "developer", "user", "assistant", "tool"]
@@ -94,8 +95,8 @@ class ContentPart(BaseModel):
 
 FunctionName = Annotated[StrictStr, Field(pattern=r"^[A-Za-z0-9_.\-]{1,64}$")]
 MAX_TOOLS = 128
-MAX_TOOL_CALLS = 128
-MAX_CALL_ID_CHARS = 256
+MAX_TOOL_CALLS = limits.MAX_TOOL_CALLS
+MAX_CALL_ID_CHARS = limits.MAX_CALL_ID_CHARS
 MAX_LOGIT_BIAS = 1024
 MAX_STOP_TOKEN_IDS = 64
 HARD_MAX_N = limits.MAX_CHOICES  # what the parser accepts; RequestLimits.max_choices caps it
@@ -432,64 +433,12 @@ def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     return req
 
 
-#: The drafts a schema may name in ``$schema`` (any other is refused, never fetched).
-_KNOWN_DRAFTS = frozenset(
-    f"{scheme}://json-schema.org/{draft}{end}"
-    for scheme in ("http", "https")
-    for draft in (
-        "draft-04/schema",
-        "draft-06/schema",
-        "draft-07/schema",
-        "draft/2019-09/schema",
-        "draft/2020-12/schema",
-    )
-    for end in ("", "#")
-)
-
-
-def _too_deep(value: object, room: int) -> str | None:
-    """The JSON pointer of the first container nested past ``room`` levels (``""``: the value
-    itself), or ``None``. Level by level and iterative, so a hostile schema cannot exhaust the
-    stack, and no path is built unless one is too deep (building one per node was a third of
-    a second for a few megabytes of schemas)."""
-    level: list[object] = [value] if isinstance(value, (dict, list)) else []
-    depth = 1
-    while level:
-        if depth > room:
-            return _pointer_past(value, room)
-        level = [
-            child
-            for node in level
-            for child in (node.values() if isinstance(node, dict) else node)  # type: ignore[attr-defined]
-            if isinstance(child, (dict, list))
-        ]
-        depth += 1
-    return None
-
-
-def _pointer_past(value: object, room: int) -> str:
-    """The pointer of a container nested past ``room`` levels (one is known to exist)."""
-    stack: list[tuple[object, str, int]] = [(value, "", 1)]
-    while stack:
-        node, path, depth = stack.pop()
-        if isinstance(node, dict):
-            items: Any = node.items()
-        elif isinstance(node, list):
-            items = enumerate(node)
-        else:
-            continue
-        if depth > room:
-            return path
-        stack.extend((v, f"{path}/{k}", depth + 1) for k, v in items)
-    raise AssertionError("no container is nested that deep")
-
-
 def _check_schema(schema: dict[str, Any], param: str) -> None:
     """A JSON schema must be valid against its metaschema (draft 2020-12 unless ``$schema``
     names another draft). ``jsonschema_rs`` checks it in microseconds where the pure-Python
     ``jsonschema`` takes milliseconds of the event loop per new schema (bench/README.md).
     Nested at most ``limits.MAX_SCHEMA_DEPTH`` deep: deeper cannot reach a worker."""
-    where = _too_deep(schema, limits.MAX_SCHEMA_DEPTH)
+    where = nested_past(schema, limits.MAX_SCHEMA_DEPTH)
     if where is not None:
         raise InvalidRequest(
             f"Invalid schema for '{param}': objects and arrays nest more than "
@@ -498,7 +447,7 @@ def _check_schema(schema: dict[str, Any], param: str) -> None:
             code="invalid_schema",
         )
     draft = schema.get("$schema")
-    if draft is not None and draft not in _KNOWN_DRAFTS:
+    if draft is not None and draft not in KNOWN_DRAFTS:
         raise InvalidRequest(
             f"Invalid schema for '{param}': $schema must name a JSON-schema draft "
             "(04, 06, 07, 2019-09 or 2020-12)",

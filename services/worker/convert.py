@@ -16,6 +16,7 @@ from meridian.v1 import worker_pb2
 from services.common import limits
 from services.common.errors import InvalidRequest
 from services.common.jsonstruct import from_struct
+from services.common.schema_rules import KNOWN_DRAFTS, nested_past
 from services.worker.engine import (
     ChatTurn,
     EmbedRequest,
@@ -361,22 +362,6 @@ def response_format_from_pb(pb: worker_pb2.ResponseFormat) -> ResponseFormat:
     return ResponseFormat(type="json_schema", schema=schema, name=pb.name, strict=pb.strict)
 
 
-#: The drafts a schema may name in ``$schema``, as the edge allows (any other is refused,
-#: never fetched: the metaschema check would fetch it).
-_KNOWN_DRAFTS = frozenset(
-    f"{scheme}://json-schema.org/{draft}{end}"
-    for scheme in ("http", "https")
-    for draft in (
-        "draft-04/schema",
-        "draft-06/schema",
-        "draft-07/schema",
-        "draft/2019-09/schema",
-        "draft/2020-12/schema",
-    )
-    for end in ("", "#")
-)
-
-
 def _schema(struct: Struct, param: str) -> dict[str, Any]:
     """A Struct as a JSON schema, held to what the edge holds one to: nested at most
     ``limits.MAX_SCHEMA_DEPTH`` deep and valid against its metaschema (``{"type": 5}`` is
@@ -387,13 +372,13 @@ def _schema(struct: Struct, param: str) -> dict[str, Any]:
         schema = from_struct(struct)
     except ValueError as err:
         raise InvalidRequest(f"{param} is not JSON: {err}", param=param) from None
-    if _nests_deeper(schema, limits.MAX_SCHEMA_DEPTH):
+    if nested_past(schema, limits.MAX_SCHEMA_DEPTH) is not None:
         raise InvalidRequest(
             f"{param}: objects and arrays nest more than {limits.MAX_SCHEMA_DEPTH} deep",
             param=param,
         )
     draft = schema.get("$schema")
-    if draft is not None and draft not in _KNOWN_DRAFTS:
+    if draft is not None and draft not in KNOWN_DRAFTS:
         raise InvalidRequest(
             f"{param}: $schema must name a JSON-schema draft (04, 06, 07, 2019-09 or 2020-12)",
             param=param,
@@ -410,24 +395,6 @@ def _schema(struct: Struct, param: str) -> dict[str, Any]:
     except (jsonschema_rs.ReferencingError, ValueError, RecursionError) as err:
         raise InvalidRequest(f"{param} is not a valid JSON schema: {err}", param=param) from None
     return schema
-
-
-def _nests_deeper(value: object, room: int) -> bool:
-    """Whether containers nest past ``room`` levels (the value itself is 1): level by level,
-    so a hostile schema cannot exhaust the stack."""
-    level: list[Any] = [value] if isinstance(value, (dict, list)) else []
-    depth = 1
-    while level:
-        if depth > room:
-            return True
-        level = [
-            child
-            for node in level
-            for child in (node.values() if isinstance(node, dict) else node)
-            if isinstance(child, (dict, list))
-        ]
-        depth += 1
-    return False
 
 
 #: The longest delivered-text tail a continuing worker accepts (stop strings are shorter).
