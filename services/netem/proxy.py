@@ -322,6 +322,11 @@ class DelayProxy:
             await asyncio.wait((conn.task,))
         finally:
             self._conns.discard(conn)
+            # A task cancelled before its first step never runs _forward's ``finally``
+            # (``close`` right after an accept): its sockets are closed here instead.
+            for writer in (conn.client, conn.upstream):
+                if writer is not None and not writer.transport.is_closing():
+                    _reset(writer)
 
     async def _forward(self, conn: _Conn, client_r: asyncio.StreamReader) -> None:
         try:
