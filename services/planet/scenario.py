@@ -692,15 +692,14 @@ class _Builder:
                 rec = json.loads(line)
             except (ValueError, RecursionError) as err:
                 rec = err
-            checked = Problems() if bad_lines < MAX_TRACE_LINES_REPORTED else None
-            record = self.trace_record(Node(checked or Problems(), rec, where), sites, models)
+            line_problems = Problems()
+            record = self.trace_record(Node(line_problems, rec, where), sites, models)
             if record is not None:
                 out.append(record)
                 continue
+            if bad_lines < MAX_TRACE_LINES_REPORTED:
+                self.problems.items.extend(line_problems.items)
             bad_lines += 1
-            if checked is not None:
-                for problem in checked.items:
-                    self.problems.items.append(problem)
         if bad_lines > MAX_TRACE_LINES_REPORTED:
             node.fail(f"and {bad_lines - MAX_TRACE_LINES_REPORTED} more bad lines")
         out.sort(key=lambda r: r.at_s)

@@ -204,21 +204,9 @@ def request_from_pb(pb: worker_pb2.GenerateRequest, *, traceparent: str = "") ->
                 f"messages[{i}].role must be one of {sorted(limits.CHAT_ROLES)}, got {m.role!r}",
                 param=f"messages[{i}].role",
             )
-        if len(m.content) > limits.MAX_CONTENT_CHARS:
-            raise InvalidRequest(
-                f"messages[{i}].content is longer than {limits.MAX_CONTENT_CHARS} characters",
-                param=f"messages[{i}].content",
-            )
-        if len(m.name) > limits.MAX_FUNCTION_NAME_CHARS:
-            raise InvalidRequest(
-                f"messages[{i}].name is longer than {limits.MAX_FUNCTION_NAME_CHARS} characters",
-                param=f"messages[{i}].name",
-            )
-        if len(m.tool_call_id) > limits.MAX_CALL_ID_CHARS:
-            raise InvalidRequest(
-                f"messages[{i}].tool_call_id is longer than {limits.MAX_CALL_ID_CHARS} characters",
-                param=f"messages[{i}].tool_call_id",
-            )
+        _at_most(m.content, limits.MAX_CONTENT_CHARS, f"messages[{i}].content")
+        _at_most(m.name, limits.MAX_FUNCTION_NAME_CHARS, f"messages[{i}].name")
+        _at_most(m.tool_call_id, limits.MAX_CALL_ID_CHARS, f"messages[{i}].tool_call_id")
         calls = _tool_calls(m.tool_calls, i)
         if calls and m.role != "assistant":
             raise InvalidRequest(
@@ -254,16 +242,14 @@ def request_from_pb(pb: worker_pb2.GenerateRequest, *, traceparent: str = "") ->
 
 
 def _check_ids(tenant_id: str, decision_id: str) -> None:
-    if len(tenant_id) > limits.MAX_TENANT_ID_CHARS:
-        raise InvalidRequest(
-            f"tenant_id is longer than {limits.MAX_TENANT_ID_CHARS} characters",
-            param="tenant_id",
-        )
-    if len(decision_id) > limits.MAX_DECISION_ID_CHARS:
-        raise InvalidRequest(
-            f"decision_id is longer than {limits.MAX_DECISION_ID_CHARS} characters",
-            param="decision_id",
-        )
+    _at_most(tenant_id, limits.MAX_TENANT_ID_CHARS, "tenant_id")
+    _at_most(decision_id, limits.MAX_DECISION_ID_CHARS, "decision_id")
+
+
+def _at_most(value: str, limit: int, param: str) -> None:
+    """A string field the contract bounds: longer is this request's 400, naming it."""
+    if len(value) > limit:
+        raise InvalidRequest(f"{param} is longer than {limit} characters", param=param)
 
 
 def _tool_calls(calls: Any, i: int) -> tuple[ToolCall, ...]:
@@ -272,23 +258,9 @@ def _tool_calls(calls: Any, i: int) -> tuple[ToolCall, ...]:
     if len(calls) > limits.MAX_TOOL_CALLS:
         raise InvalidRequest(f"{where} has more than {limits.MAX_TOOL_CALLS} calls", param=where)
     for j, c in enumerate(calls):
-        if len(c.id) > limits.MAX_CALL_ID_CHARS:
-            raise InvalidRequest(
-                f"{where}[{j}].id is longer than {limits.MAX_CALL_ID_CHARS} characters",
-                param=f"{where}[{j}].id",
-            )
-        if len(c.name) > limits.MAX_FUNCTION_NAME_CHARS:
-            raise InvalidRequest(
-                f"{where}[{j}].function.name is longer than {limits.MAX_FUNCTION_NAME_CHARS} "
-                "characters",
-                param=f"{where}[{j}].function.name",
-            )
-        if len(c.arguments) > limits.MAX_CONTENT_CHARS:
-            raise InvalidRequest(
-                f"{where}[{j}].function.arguments is longer than {limits.MAX_CONTENT_CHARS} "
-                "characters",
-                param=f"{where}[{j}].function.arguments",
-            )
+        _at_most(c.id, limits.MAX_CALL_ID_CHARS, f"{where}[{j}].id")
+        _at_most(c.name, limits.MAX_FUNCTION_NAME_CHARS, f"{where}[{j}].function.name")
+        _at_most(c.arguments, limits.MAX_CONTENT_CHARS, f"{where}[{j}].function.arguments")
     return tuple(ToolCall(id=c.id, name=c.name, arguments=c.arguments) for c in calls)
 
 
@@ -476,10 +448,7 @@ def raw_prompt_from_pb(pb: worker_pb2.RawPrompt, param: str) -> RawPrompt:
         return RawPrompt(token_ids=tuple(pb.token_ids))
     if not pb.text:
         raise InvalidRequest(f"{param} must not be empty", param=param)
-    if len(pb.text) > limits.MAX_CONTENT_CHARS:
-        raise InvalidRequest(
-            f"{param} is longer than {limits.MAX_CONTENT_CHARS} characters", param=param
-        )
+    _at_most(pb.text, limits.MAX_CONTENT_CHARS, param)
     return RawPrompt(text=pb.text)
 
 
