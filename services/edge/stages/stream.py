@@ -34,7 +34,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import AsyncGenerator, Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from aiohttp import web
 from opentelemetry import trace
@@ -68,6 +68,8 @@ from services.edge.upstream.failover import FailoverPolicy, OutcomeSink, Upstrea
 from services.edge.upstream.worker_pool import WorkerPool
 
 log = logging.getLogger("meridian.edge")
+
+_Opened = TypeVar("_Opened")
 
 
 #: Below this many unsent bytes a write does not wait for the client (aiohttp/uvloop pause
@@ -317,37 +319,10 @@ class Stream:
         opening: asyncio.Future[UpstreamStream],
         migrating: _Migrating,
     ) -> web.StreamResponse:
-        resp: web.StreamResponse | None = None
-        try:
-            async with cut_scope(ctx.in_flight):
-                done, _ = await asyncio.wait({opening}, timeout=self._keepalive_after_s)
-                if not done:
-                    # Slow first token: commit headers now and keep the connection alive.
-                    resp = await self._start_sse(ctx, {})
-                    while True:
-                        done, _ = await asyncio.wait({opening}, timeout=self._keepalive_every_s)
-                        if done:
-                            break
-                        await self._write(ctx, resp, SSE_KEEPALIVE)
-                try:
-                    upstream = opening.result()
-                except MeridianError as err:
-                    if resp is None:
-                        raise
-                    self._counters.stream_errors += 1
-                    await self._write(ctx, resp, sse_data(err.to_openai()))
-                    await self._write(ctx, resp, SSE_DONE)
-                    return resp
-                if resp is None:
-                    resp = await self._start_sse(ctx, _route_headers(upstream, None))
-        except ClientGone:
-            assert resp is not None
-            return resp
-        except ShuttingDown as err:
-            if resp is None:
-                raise  # nothing sent yet: a 503
-            await self._end_cut(ctx, resp, err)
-            return resp
+        opened = await self._open_sse(ctx, opening, lambda up: _route_headers(up, None))
+        if isinstance(opened, web.StreamResponse):
+            return opened  # it ended before its first token
+        resp, upstream = opened
         stream = migrating(upstream)
         render = ChunkRenderer(
             completion_id=ctx.request_id,
@@ -474,6 +449,54 @@ class Stream:
             transport = ctx.request.transport
             if transport is not None:
                 transport.abort()
+
+    async def _open_sse(
+        self,
+        ctx: ChatContext,
+        opening: asyncio.Future[_Opened],
+        headers: Callable[[_Opened], dict[str, str]],
+    ) -> tuple[web.StreamResponse, _Opened] | web.StreamResponse:
+        """Wait for ``opening`` (the stream's first chunk); when it is slow, commit the SSE
+        headers after ``keepalive_after_s`` and send a keep-alive comment every
+        ``keepalive_every_s`` so that proxies and clients do not time the connection out.
+
+        Returns the response and what opened, with ``headers(opened)`` as its route headers
+        when it opened in time; or the response alone when the stream has already ended
+        here — an error event and ``[DONE]`` after the headers went out, a drain's cut,
+        a client that left — and is to be returned as it is. An error before anything was
+        sent (and a drain then) is raised: the client gets a plain JSON error.
+        """
+        resp: web.StreamResponse | None = None
+        try:
+            async with cut_scope(ctx.in_flight):
+                done, _ = await asyncio.wait({opening}, timeout=self._keepalive_after_s)
+                if not done:
+                    resp = await self._start_sse(ctx, {})
+                    while True:
+                        done, _ = await asyncio.wait({opening}, timeout=self._keepalive_every_s)
+                        if done:
+                            break
+                        await self._write(ctx, resp, SSE_KEEPALIVE)
+                try:
+                    opened = opening.result()
+                except MeridianError as err:
+                    if resp is None:
+                        raise
+                    self._counters.stream_errors += 1
+                    await self._write(ctx, resp, sse_data(err.to_openai()))
+                    await self._write(ctx, resp, SSE_DONE)
+                    return resp
+                if resp is None:
+                    resp = await self._start_sse(ctx, headers(opened))
+        except ClientGone:
+            assert resp is not None
+            return resp
+        except ShuttingDown as err:
+            if resp is None:
+                raise  # nothing sent yet: a 503
+            await self._end_cut(ctx, resp, err)
+            return resp
+        return resp, opened
 
     async def _start_sse(self, ctx: ChatContext, extra: dict[str, str]) -> web.StreamResponse:
         if ctx.in_flight is not None:

@@ -28,7 +28,7 @@ from services.edge.httperrors import ShuttingDown
 from services.edge.offload import answer_items, json_answer
 from services.edge.openai_completions import CompletionRequest
 from services.edge.openai_types import now_s
-from services.edge.render import FINISH_REASONS, SSE_DONE, SSE_KEEPALIVE, sse_data
+from services.edge.render import FINISH_REASONS, SSE_DONE, sse_data
 from services.edge.render_completion import (
     CompletionChunkRenderer,
     LogprobsBuilder,
@@ -193,39 +193,14 @@ class CompletionStream(Stream):
         openings: list[asyncio.Future[UpstreamStream]],
     ) -> web.StreamResponse:
         all_open = asyncio.ensure_future(asyncio.gather(*openings))
-        resp: web.StreamResponse | None = None
         try:
-            async with cut_scope(ctx.in_flight):
-                done, _ = await asyncio.wait({all_open}, timeout=self._keepalive_after_s)
-                if not done:
-                    resp = await self._start_sse(ctx, {})
-                    while True:
-                        done, _ = await asyncio.wait({all_open}, timeout=self._keepalive_every_s)
-                        if done:
-                            break
-                        await self._write(ctx, resp, SSE_KEEPALIVE)
-                try:
-                    upstreams = all_open.result()
-                except MeridianError as err:
-                    if resp is None:
-                        raise
-                    self._counters.stream_errors += 1
-                    await self._write(ctx, resp, sse_data(err.to_openai()))
-                    await self._write(ctx, resp, SSE_DONE)
-                    return resp
-                if resp is None:
-                    resp = await self._start_sse(ctx, _route_headers(upstreams[0]))
-        except ClientGone:
-            assert resp is not None
-            return resp
-        except ShuttingDown as err:
-            if resp is None:
-                raise  # nothing sent yet: a 503
-            await self._end_cut(ctx, resp, err)
-            return resp
+            opened = await self._open_sse(ctx, all_open, lambda ups: _route_headers(ups[0]))
         finally:
             if not all_open.done():
                 all_open.cancel()
+        if isinstance(opened, web.StreamResponse):
+            return opened  # it ended before every choice's first token
+        resp, upstreams = opened
         render = CompletionChunkRenderer(
             completion_id=ctx.request_id,
             model=body.model,
