@@ -152,7 +152,12 @@ def read_text(
     OS error (missing, a directory, no permission), bytes that are not UTF-8, a file past
     ``max_bytes`` — raises :class:`UnreadableFile` naming the file (and ``flag``, if given)."""
     try:
-        with open(path, "rb") as f:
+        # O_NONBLOCK for the open only: a FIFO that nothing writes to would hold the open
+        # (and the service's start) forever; it reads as empty instead. A pipe with a
+        # writer (``--profile <(...)``) is then read to its end as usual.
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+        with open(fd, "rb") as f:
+            os.set_blocking(fd, True)
             data = f.read(max_bytes + 1)
     except OSError as err:
         raise UnreadableFile(path, err.strerror or str(err), flag) from None

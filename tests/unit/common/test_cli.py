@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
@@ -202,6 +205,24 @@ def test_read_text_names_the_flag_the_file_and_why(
     assert str(err.value) == f"--config {path}: {reason}"
     assert err.value.reason == reason
     assert isinstance(err.value, ValueError)
+
+
+def test_read_text_of_a_fifo_nothing_writes_to_returns_at_once(tmp_path: Path) -> None:
+    fifo = tmp_path / "profile.yaml"
+    os.mkfifo(fifo)
+    assert cli.read_text(fifo) == ""  # the caller says what an empty file means
+
+
+def test_read_text_reads_a_pipe_to_its_end() -> None:
+    """``--profile /dev/stdin`` with a pipe that has a writer waits for the writer's end."""
+    code = (
+        "import sys; from services.common import cli; sys.stdout.write(cli.read_text('/dev/stdin'))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], input=b"a: 1\n" * 5000, capture_output=True, timeout=60
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == b"a: 1\n" * 5000
 
 
 # --- integer flags (counts, concurrency, tokens) ---
