@@ -34,10 +34,14 @@ class LogprobsBuilder:
         self.text_offset: list[int] = []
         self._offset = 0
         self._sent = 0  # entries already handed out by delta()
+        self._prompt_started = False
 
     def add(self, entries: Sequence[worker_pb2.TokenLogprob], *, prompt: bool = False) -> None:
-        for i, lp in enumerate(entries):
-            first_of_prompt = prompt and i == 0
+        """``prompt``: entries of the echoed prompt, whose very first token has no logprob
+        (a long prompt's entries come in several chunks: services/worker/split.py)."""
+        for lp in entries:
+            first_of_prompt = prompt and not self._prompt_started
+            self._prompt_started |= prompt
             self.tokens.append(lp.token)
             self.token_logprobs.append(None if first_of_prompt else lp.logprob)
             self.top_logprobs.append(

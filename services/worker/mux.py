@@ -52,11 +52,17 @@ MAX_WINDOW = 1024
 #: Streams open on one call at most; another open is refused (RESOURCE_EXHAUSTED) for that
 #: stream alone.
 MAX_STREAMS_PER_CALL = 4096
-#: Events in one frame at most (a frame stays far below the 4 MiB message limit).
+#: Events in one frame at most.
 MAX_EVENTS_PER_FRAME = 512
+#: Bytes of chunks in one frame at most (a frame stays far below the 4 MiB message limit,
+#: which cut the call and every stream on it): a chunk that does not fit starts the next
+#: frame. One chunk is smaller than this (services.worker.split).
+MAX_FRAME_BYTES = 1024 * 1024
 #: Events queued on one call and not yet written at most: past it, streams wait for the
 #: writer (a caller that stops reading, whose HTTP/2 window has filled, holds this many).
 MAX_QUEUED_EVENTS = 8192
+#: What an event adds to its chunk's bytes: its tags, lengths and stream id.
+_EVENT_OVERHEAD_BYTES = 16
 
 Handler = Callable[
     [worker_pb2.GenerateRequest, Any], AsyncGenerator[worker_pb2.GenerateChunk, None]
@@ -131,6 +137,7 @@ class MuxSession:
         self._context = context
         self._streams: dict[int, _Stream] = {}
         self._frames: list[worker_pb2.MuxFrame] = []  # written in order; the last one fills
+        self._filling_bytes = 0  # of the last frame in ``_frames``
         self._wake = asyncio.Event()
         self._room = asyncio.Event()  # set by the writer when ``queued`` falls below the cap
         self._room.set()
@@ -239,7 +246,7 @@ class MuxSession:
                     stream.credit -= 1
                     if self.queued >= self._max_queued:
                         await self._wait_for_room()
-                    self._event(stream_id).chunk.CopyFrom(chunk)
+                    self._event(stream_id, chunk.ByteSize()).chunk.CopyFrom(chunk)
             self._emit_end(stream_id, grpc.StatusCode.OK, "", {})
         except StreamAborted as aborted:
             self._emit_end(stream_id, aborted.code, aborted.details, aborted.trailers)
@@ -258,12 +265,19 @@ class MuxSession:
             self._room.clear()
             await self._room.wait()
 
-    def _event(self, stream_id: int) -> worker_pb2.MuxEvent:
-        """A new event for ``stream_id`` in the frame being filled (built in place: the
-        chunk is copied once, into the frame that is written)."""
+    def _event(self, stream_id: int, size: int = 0) -> worker_pb2.MuxEvent:
+        """A new event of about ``size`` bytes for ``stream_id`` in the frame being filled
+        (built in place: the chunk is copied once, into the frame that is written)."""
         frames = self._frames
-        if not frames or len(frames[-1].events) >= MAX_EVENTS_PER_FRAME:
+        size += _EVENT_OVERHEAD_BYTES
+        if (
+            not frames
+            or len(frames[-1].events) >= MAX_EVENTS_PER_FRAME
+            or self._filling_bytes + size > MAX_FRAME_BYTES
+        ):
             frames.append(worker_pb2.MuxFrame())
+            self._filling_bytes = 0
+        self._filling_bytes += size
         self._wake.set()
         self.queued += 1
         item: worker_pb2.MuxEvent = frames[-1].events.add(stream_id=stream_id)

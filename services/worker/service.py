@@ -39,6 +39,7 @@ from services.worker.choices import UsageTotals, choice_requests, interleave
 from services.worker.engine import Engine, EngineOutput, FinishReason, ModelState
 from services.worker.mux import MuxSession
 from services.worker.observability import WorkerTelemetry
+from services.worker.split import split_output, too_large
 
 log = logging.getLogger("meridian.worker")
 
@@ -212,13 +213,16 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                         )
                     if out.finish_reason is not None:
                         finish = out.finish_reason.value
-                    chunk = convert.chunk_to_pb(out)
-                    if n > 1:
-                        chunk.index = index
-                        chunk.usage.prompt_tokens = totals.prompt
-                        chunk.usage.completion_tokens = totals.completion
-                        chunk.usage.cached_prompt_tokens = totals.cached
-                    yield chunk
+                    # An output past one message's size (an echoed prompt's logprobs, a
+                    # long merged run of tokens with theirs) goes out in pieces.
+                    for piece in split_output(out) if too_large(out) else (out,):
+                        chunk = convert.chunk_to_pb(piece)
+                        if n > 1:
+                            chunk.index = index
+                            chunk.usage.prompt_tokens = totals.prompt
+                            chunk.usage.completion_tokens = totals.completion
+                            chunk.usage.cached_prompt_tokens = totals.cached
+                        yield chunk
         except MeridianError as err:
             finish = "error"
             span.set_status(Status(StatusCode.ERROR, err.message))

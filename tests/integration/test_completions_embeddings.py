@@ -136,6 +136,65 @@ async def test_echo_with_logprobs_returns_the_prompt_and_its_token_logprobs(stac
     assert len(lp.tokens) == done.usage.prompt_tokens + 4 if done.usage else False
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["whole", "streamed"])
+async def test_echoed_long_prompts_with_20_logprobs_arrive_whole(
+    stack: Stack, stream: bool
+) -> None:
+    """Four ~6,800-token prompts echoed with 20 alternatives per token: ~1.6 MB of logprobs
+    each, ~6.4 MB at once, which the worker sends in pieces (test_worker_mux.py shows the
+    call it broke): the client gets every prompt token's logprobs, null for the first only."""
+    prompts = [" ".join(f"{c}{i}" for i in range(2600)) for c in "wxyz"]
+    async with client(stack) as c:
+        if stream:
+            chunks = [
+                x
+                async for x in await c.completions.create(
+                    model=MODEL,
+                    prompt=prompts,
+                    max_tokens=4,
+                    echo=True,
+                    logprobs=20,
+                    stream=True,
+                    stream_options={"include_usage": True},
+                )
+            ]
+            usage = chunks[-1].usage
+            by_index: dict[int, dict[str, list[Any]]] = {}
+            for x in chunks:
+                for ch in x.choices:
+                    got = by_index.setdefault(ch.index, {"text": [], "tokens": [], "lps": []})
+                    got["text"].append(ch.text)
+                    if ch.logprobs is not None:
+                        got["tokens"].extend(ch.logprobs.tokens or [])
+                        got["lps"].extend(ch.logprobs.token_logprobs or [])
+            texts = {i: "".join(g["text"]) for i, g in by_index.items()}
+            tokens = {i: g["tokens"] for i, g in by_index.items()}
+            logprobs = {i: g["lps"] for i, g in by_index.items()}
+        else:
+            done = await c.completions.create(
+                model=MODEL, prompt=prompts, max_tokens=4, echo=True, logprobs=20
+            )
+            usage = done.usage
+            texts = {ch.index: ch.text for ch in done.choices}
+            tokens = {
+                ch.index: list(ch.logprobs.tokens or []) for ch in done.choices if ch.logprobs
+            }
+            logprobs = {
+                ch.index: list(ch.logprobs.token_logprobs or [])
+                for ch in done.choices
+                if ch.logprobs
+            }
+    assert usage is not None
+    assert sorted(texts) == [0, 1, 2, 3]
+    for i in range(4):
+        assert texts[i].startswith(prompts[i])
+        assert "".join(tokens[i]) == texts[i]
+        assert logprobs[i][0] is None  # the first prompt token only
+        assert None not in logprobs[i][1:]
+    assert sum(len(t) for t in tokens.values()) == usage.prompt_tokens + usage.completion_tokens
+    assert usage.prompt_tokens > 4 * 6500
+
+
 async def test_a_streamed_echo_starts_with_the_prompt(stack: Stack) -> None:
     async with client(stack) as c:
         stream = await c.completions.create(

@@ -463,3 +463,98 @@ async def test_a_call_cancelled_while_its_writer_waits_is_still_logged_closed(
     finally:
         await channel.close()
     assert [r for r in caplog.records if r.getMessage() == "mux.closed"]
+
+
+def echo_request(i: int, prompt_tokens: int) -> worker_pb2.GenerateRequest:
+    """A completion that echoes a long prompt with 20 logprobs per token: ~5 MB of logprobs
+    for 7,000 tokens, in the first output."""
+    return worker_pb2.GenerateRequest(
+        request_id=f"echo-{i}",
+        model=MODEL,
+        raw_prompt=worker_pb2.RawPrompt(
+            token_ids=[1000 + (i * 7 + k) % 5000 for k in range(prompt_tokens)]
+        ),
+        echo=True,
+        sampling=worker_pb2.SamplingParams(
+            max_tokens=4, ignore_eos=True, seed=i, logprobs=True, top_logprobs=20
+        ),
+    )
+
+
+async def read_echo(call: TokenCall) -> tuple[int, int, worker_pb2.GenerateChunk, int]:
+    """Prompt logprob entries, output tokens, the last chunk and the largest chunk's size."""
+    prompt_entries = tokens = largest = 0
+    last = worker_pb2.GenerateChunk()
+    while True:
+        chunk = await call.read()
+        if chunk is grpc.aio.EOF:
+            return prompt_entries, tokens, last, largest
+        prompt_entries += len(chunk.prompt_logprobs)
+        tokens += len(chunk.token_ids)
+        largest = max(largest, chunk.ByteSize())
+        last = chunk
+
+
+@pytest.mark.parametrize("transport", ["mux", "call"])
+async def test_outputs_past_the_message_limit_arrive_in_pieces_and_break_no_other_stream(
+    worker: RunningWorker, pools: tuple[WorkerPool, WorkerPool, EdgeCounters], transport: str
+) -> None:
+    """Four echoed 7,000-token prompts with 20 logprobs each (~20 MB at once) beside a chat
+    stream, on one worker: over one GenerateMux call (its frames used to pass the 4 MiB
+    message limit, which broke the call and every stream on it) or a Generate call each (one
+    chunk used to pass it)."""
+    mux, direct, counters = pools
+    pool = mux if transport == "mux" else direct
+    bystander = asyncio.ensure_future(
+        drain(pool.generate(worker.address, request(1, tokens=200), timeout_s=None))
+    )
+    echoes = await asyncio.gather(
+        *(
+            read_echo(pool.generate(worker.address, echo_request(i, 7000), timeout_s=None))
+            for i in range(4)
+        )
+    )
+    for prompt_entries, tokens, last, largest in echoes:
+        assert prompt_entries == last.usage.prompt_tokens == 7000
+        assert tokens == last.usage.completion_tokens == 4
+        assert last.finish_reason == worker_pb2.FINISH_REASON_LENGTH
+        assert largest < 1024 * 1024
+    _, ids, last = await bystander
+    assert len(ids) == 200
+    assert last.finish_reason == worker_pb2.FINISH_REASON_LENGTH
+    if transport == "mux":
+        assert counters.mux_calls_opened == 1
+
+
+async def test_a_frame_holds_chunks_up_to_its_byte_bound_and_no_more(
+    worker: RunningWorker, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Streams' chunks share frames until the next would pass ``MAX_FRAME_BYTES`` (lowered
+    here, so that four echoed prompts' pieces cross it many times)."""
+    from meridian.v1 import worker_pb2_grpc
+
+    bound = 256 * 1024
+    monkeypatch.setattr(worker_mux, "MAX_FRAME_BYTES", bound)
+
+    async def requests() -> AsyncIterator[worker_pb2.MuxRequest]:
+        for i in range(1, 5):
+            yield worker_pb2.MuxRequest(
+                stream_id=i, open=worker_pb2.MuxOpen(request=echo_request(i, 3000))
+            )
+
+    async with grpc.aio.insecure_channel(worker.address) as channel:
+        call = worker_pb2_grpc.WorkerStub(channel).GenerateMux(requests(), timeout=60.0)
+        sizes: list[int] = []
+        shared = 0
+        entries: dict[int, int] = {}
+        async for frame in call:
+            chunks = [e.chunk for e in frame.events if e.HasField("chunk")]
+            sizes.append(sum(c.ByteSize() for c in chunks))
+            shared += len(chunks) > 1
+            for e in frame.events:
+                entries[e.stream_id] = entries.get(e.stream_id, 0) + len(e.chunk.prompt_logprobs)
+        assert await call.code() is grpc.StatusCode.OK
+    assert entries == {1: 3000, 2: 3000, 3: 3000, 4: 3000}
+    assert max(sizes) <= bound
+    assert sum(sizes) > 8 * bound  # it was crossed
+    assert shared  # and chunks still shared frames

@@ -41,6 +41,14 @@ def test_echoed_logprobs_start_with_the_prompt_whose_first_token_has_none() -> N
     }
 
 
+def test_a_prompt_whose_logprobs_come_in_several_chunks_has_one_first_token() -> None:
+    b = LogprobsBuilder()
+    b.add([lp("Hello", 0.0)], prompt=True)
+    b.add([lp(" world", -1.5, (" world", -1.5))], prompt=True)  # the next piece
+    assert b.as_dict()["token_logprobs"] == [None, -1.5]
+    assert b.as_dict()["top_logprobs"] == [None, {" world": -1.5}]
+
+
 def test_streamed_logprob_deltas_continue_the_offsets() -> None:
     b = LogprobsBuilder()
     b.add([lp("ab", -1.0)])
