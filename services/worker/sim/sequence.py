@@ -4,9 +4,10 @@ The scheduler decides *when* a sequence computes tokens; this module decides *wh
 is and whether the sequence is done, and renders the :class:`EngineOutput` the caller sees:
 
 - finish rules, in vLLM's order: a stop string ends the text before the stop string
-  (``stop``); the natural length drawn from the seed ends it (``stop``, unless ``ignore_eos``),
-  and so does a token of ``stop_token_ids``, but neither within the first ``min_tokens``
-  tokens (vLLM masks them there: a natural end that falls earlier comes at ``min_tokens + 1``);
+  (``stop``), but not one that ends within the first ``min_tokens`` tokens' text; the
+  natural length drawn from the seed ends it (``stop``, unless ``ignore_eos``), and so does
+  a token of ``stop_token_ids``, but neither within the first ``min_tokens`` tokens (vLLM
+  masks them there: a natural end that falls earlier comes at ``min_tokens + 1``);
   ``max_tokens`` ends it (``length``); so does reaching ``max_model_len`` (``length``);
 - while a stop string could still be completing, its possible beginning is held back (the last
   ``len(longest stop) - 1`` characters), so a stop string never leaks into the stream;
@@ -158,7 +159,9 @@ class SimSequence:
         script = self.script
         if script is not None and produced >= len(script):
             return script.finish
-        if text_piece and self._cut_at_stop_string(before):
+        # Stop strings too wait for min_tokens (vLLM's detokenizer checks them only past
+        # it, in the text after the min_tokens-th token: one token per step here).
+        if text_piece and produced > self.min_tokens and self._cut_at_stop_string(before):
             return FinishReason.STOP
         if produced > self.min_tokens and (
             (self.natural_len is not None and produced >= self.natural_len)

@@ -431,6 +431,29 @@ def test_stop_string_ends_the_text_before_it() -> None:
     assert not any(stop in o.text for o in r.outputs["a"])
 
 
+def test_a_stop_string_within_the_first_min_tokens_does_not_stop() -> None:
+    """vLLM checks stop strings only past ``min_tokens`` (its detokenizer), as it masks
+    end-of-sequence there."""
+    s = SimScheduler(SimConfig())
+    s.add(req("a", seed=3, ignore_eos=True, max_tokens=80), 0.0)
+    full = run(s, ManualClock()).text("a")
+    stop = full[40:52]
+    assert full.count(stop) == 1
+
+    def ended(min_tokens: int) -> tuple[str, FinishReason | None, int]:
+        s = SimScheduler(SimConfig())
+        s.add(
+            req("a", seed=3, ignore_eos=True, max_tokens=80, stop=(stop,), min_tokens=min_tokens),
+            0.0,
+        )
+        r = run(s, ManualClock())
+        return r.text("a"), r.final("a").finish_reason, r.final("a").completion_tokens
+
+    assert ended(79) == (full, FinishReason.LENGTH, 80)
+    text, reason, _ = ended(2)
+    assert (text, reason) == (full[: full.index(stop)], FinishReason.STOP)
+
+
 def test_timings_queue_and_prefill_first_decode_last() -> None:
     s = SimScheduler(SimConfig(max_num_seqs=1))
     clock = ManualClock()

@@ -63,9 +63,7 @@ def test_pieces_joined_in_order_are_the_output(n: int, prompt: int) -> None:
     assert (last.finish_reason, last.decode_ms, last.handoff) == (FinishReason.LENGTH, 3.0, True)
     assert all(p.finish_reason is None and not p.handoff for p in pieces[:-1])
     assert last.completion_tokens == out.completion_tokens
-    assert all(
-        (p.prompt_tokens, p.cached_prompt_tokens) == (out.prompt_tokens, 2) for p in pieces
-    )
+    assert all((p.prompt_tokens, p.cached_prompt_tokens) == (out.prompt_tokens, 2) for p in pieces)
 
 
 def test_each_piece_has_its_tokens_text_and_counts_what_was_sent() -> None:
