@@ -127,7 +127,10 @@ async def test_a_frozen_link_is_detected_as_a_stall_and_the_stream_moves(
             p.restore()
     assert_same_stream(got, ref)
     assert got.meridian is not None
-    assert got.meridian["migrations"] == 1
+    # At least once: on a loaded machine the new worker's first gap can pass the test's short
+    # stall_s (0.5 s) too, and the stream moves again; it still ends whole, off the frozen link.
+    assert got.meridian["migrations"] >= 1
+    assert got.meridian["worker"] != got.headers["x-meridian-worker"]
 
 
 async def test_a_drained_worker_hands_its_streams_back_instead_of_ending_them(
