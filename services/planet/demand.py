@@ -145,6 +145,21 @@ class Demand:
     def rate_at(self, t: float) -> float:
         return sum(self._rates(t))
 
+    def expected_arrivals(self, max_pieces: int = 20_000) -> float:
+        """The mean number of requests the run will generate: said before it starts, so that a
+        scenario meant for a minute that would take a day is seen as such. Exact for the
+        1-second pieces the rate is held over; a run longer than ``max_pieces`` seconds is
+        sampled at evenly spaced pieces."""
+        if self._trace is not None:
+            return float(sum(1 for r in self._trace if r.at_s < self.sc.duration_s))
+        end = self.sc.duration_s
+        pieces = math.ceil(end)
+        stride = max(1, math.ceil(pieces / max_pieces))
+        total = 0.0
+        for k in range(0, pieces, stride):
+            total += self.rate_at(float(k)) * min(stride, end - k)
+        return total
+
     # --- arrivals ------------------------------------------------------------------------
 
     def next_request(self) -> Request | None:

@@ -28,10 +28,26 @@ PROFILES = ROOT / "deploy/router/profiles"
 
 
 def profile_path(name: str) -> Path:
+    """A shipped profile's name (``least-loaded``) or a path to one (a ``.yaml`` file, or any
+    name with a folder in it: ``./mine``, ``/etc/x``), taken as given."""
     p = Path(name)
-    if p.suffix in (".yaml", ".yml"):
+    if p.suffix in (".yaml", ".yml") or p.parent != Path("."):
         return p
     return PROFILES / f"{name}.yaml"
+
+
+def prepare_out(out: Path, p: argparse.ArgumentParser) -> None:
+    """Create the report folder and prove it writable now: a folder that cannot be made
+    (``/proc/x``, a read-only mount) is a usage error before the run, not a traceback after
+    an hour of it."""
+    import tempfile
+
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=out):
+            pass
+    except OSError as err:
+        p.error(f"argument --out: cannot write to {str(out)!r}: {err.strerror or err}")
 
 
 def check_memory(sc: Scenario) -> float:
@@ -120,7 +136,7 @@ def combine(paths: list[Path], out: Path, p: argparse.ArgumentParser) -> int:
             results.append(result)
     if not results:
         p.error("--combine: the files hold no results")
-    out.mkdir(parents=True, exist_ok=True)
+    prepare_out(out, p)
     try:  # the report first: a malformed nested value must not overwrite a good results.json
         report = write_markdown(results, out)
     except (KeyError, TypeError, ValueError, IndexError, AttributeError) as err:
@@ -205,9 +221,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         p.error("--scenario is required")
     profiles = [profile_path(n) for n in args.profiles] if args.profiles else None
     if profiles:
-        missing = [str(x) for x in profiles if not x.exists()]
+        missing = [n for n, x in zip(args.profiles, profiles, strict=True) if not x.exists()]
         if missing:
-            p.error(f"--profiles: no such profile: {', '.join(missing)}")
+            shipped = ", ".join(sorted(x.stem for x in PROFILES.glob("*.yaml")))
+            p.error(
+                f"--profiles: no such profile: {', '.join(missing)} (shipped: {shipped}; "
+                "or a path to a .yaml file)"
+            )
         problem = check_profiles(profiles)
         if problem is not None:
             p.error(f"--profiles: {problem}")
@@ -226,11 +246,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem is not None:
         print(f"error: {sc.source}: router.profile: {problem}", file=sys.stderr)
         return 2
+    prepare_out(args.out, p)
+    from services.planet.demand import Demand
     from services.planet.report import write_json, write_markdown
 
+    arrivals = Demand(sc, {}).expected_arrivals()
     print(
         f"{sc.name}: {len(sc.fleet_regions)} regions, {len(sc.workers):,} workers, "
-        f"{len(sc.sites)} sites, {sc.duration_s:g} s; memory estimate {need:,.0f} MiB",
+        f"{len(sc.sites)} sites, {sc.duration_s:g} s, ~{arrivals:,.0f} requests per profile; "
+        f"memory estimate {need:,.0f} MiB",
         file=sys.stderr,
     )
     results = []
@@ -248,7 +272,6 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{r['run']['simulated_requests_per_cpu_s']:,.0f} req/CPU-s  "
             f"RSS {r['run']['peak_rss_mib']:,.0f} MiB"
         )
-    args.out.mkdir(parents=True, exist_ok=True)
     write_json(results, args.out / "results.json")
     path = write_markdown(results, args.out)
     print(f"report: {path}  (JSON: {args.out / 'results.json'})")

@@ -7,7 +7,8 @@ RSS it reached, so the two can be compared: bench/README.md):
   scheduler sees (model × tier × residency set, at most its 64), the incremental view's columns
   (~16 pointers and 6 floats per worker, ~250 B);
 - per worker: the engine model (~3 KB; the exact engine's block-level KV cache ~50 B a block);
-- per request in flight: ~2 KB; per open conversation ~200 B;
+- per request in flight (twice each engine's max_num_seqs, plus every background stream):
+  ~2 KB; per open conversation ~200 B;
 - metrics: bounded (histograms, one row per interval).
 
 A scenario whose estimate exceeds ``limits.max_memory_mib`` (or 80 % of the memory available
@@ -17,6 +18,7 @@ on this machine) is refused with the estimate and its breakdown.
 from __future__ import annotations
 
 import os
+from collections import Counter
 
 from services.planet.scenario import Scenario
 
@@ -50,6 +52,8 @@ def estimate(sc: Scenario) -> tuple[float, str]:
     in_flight = 0.0
     for w in sc.workers:
         in_flight += w.config.max_num_seqs * 2  # running + a queue as long again
+    workers_in = Counter(w.region for w in sc.workers)
+    in_flight += sum(bg.streams_per_worker * workers_in[bg.region] for bg in sc.background)
     rate = sc.traffic.rate_per_s or (len(sc.traffic.trace or ()) / max(1.0, sc.duration_s))
     conversations = min(rate * 600, 4000 * replicas * max(1, len(sc.traffic.mixes)))
     requests = in_flight * REQUEST_B + conversations * CONVERSATION_B

@@ -15,7 +15,6 @@ router flapping all of its traffic between two regions scores 1).
 
 from __future__ import annotations
 
-import itertools
 import math
 import random
 from collections import Counter, defaultdict
@@ -103,8 +102,10 @@ class Metrics:
     residency_violations: int = 0
     series: list[dict[str, Any]] = field(default_factory=list)
     _interval: dict[str, Any] = field(default_factory=dict)
-    _windows: list[Counter[str]] = field(default_factory=list)
     _window: Counter[str] = field(default_factory=Counter)
+    _last_window: Counter[str] | None = None  # the latest closed window that held traffic
+    _shift_total: float = 0.0  # sum of the shares moved between consecutive such windows
+    _shifts: int = 0
     _window_end: float = 0.0
     samples: list[Sample] = field(default_factory=list)
     _seen_decisions: int = 0
@@ -136,10 +137,12 @@ class Metrics:
         self._interval["refused"] += 1
 
     def routed(self, t: float, region: str) -> None:
-        while t >= self._window_end:
-            self._windows.append(self._window)
-            self._window = Counter()
-            self._window_end += self.window_s
+        if t >= self._window_end:
+            self._close_window()
+            # Straight to the window holding t: windows with no traffic in between are skipped
+            # without a step each (a tiny window over an hour must not become a billion steps).
+            end = (math.floor(t / self.window_s) + 1) * self.window_s
+            self._window_end = end if end > t else math.nextafter(t, math.inf)
         self._window[region] += 1
         self._interval["regions"][region] += 1
 
@@ -212,16 +215,24 @@ class Metrics:
 
     # --- summaries -----------------------------------------------------------------------
 
+    def _close_window(self) -> None:
+        """Fold the window just ended into the index and keep only it: memory stays constant
+        however many windows a run has."""
+        b = self._window
+        self._window = Counter()
+        nb = sum(b.values())
+        if nb == 0:
+            return
+        a = self._last_window
+        if a is not None:
+            na = sum(a.values())
+            self._shift_total += 0.5 * sum(abs(a[k] / na - b[k] / nb) for k in set(a) | set(b))
+            self._shifts += 1
+        self._last_window = b
+
     def oscillation(self) -> float:
-        windows = [w for w in self._windows if sum(w.values()) > 0]
-        if len(windows) < 2:
-            return 0.0
-        total = 0.0
-        for a, b in itertools.pairwise(windows):
-            na, nb = sum(a.values()), sum(b.values())
-            keys = set(a) | set(b)
-            total += 0.5 * sum(abs(a[k] / na - b[k] / nb) for k in keys)
-        return total / (len(windows) - 1)
+        """Over the windows closed so far (the one still open is partial and left out)."""
+        return self._shift_total / self._shifts if self._shifts else 0.0
 
     def goodput(self, tiers: Iterable[str] | None = None) -> float:
         names = list(tiers) if tiers is not None else list(self.arrivals)

@@ -58,6 +58,14 @@ _TRACE_KEYS = (
     "prefix_tokens", "hash_blocks", "shared_hash_blocks", "tier", "allowed_regions", "messages",
 )  # fmt: skip
 MAX_REQUEST_TOKENS = 10_000_000
+MAX_RATE_PER_S = 1_000_000.0
+"""The highest mean arrival rate: a thousand times the planet's (the simulator serves a few
+thousand requests a CPU-second, so a rate past this is a run that never ends, not a scenario)."""
+MAX_HOTSPOT_FACTOR = 10_000.0
+"""The most a hotspot may multiply a site's rate by, for the same reason."""
+MAX_BACKGROUND_STREAMS = 10_000
+"""Background streams per worker: far past any engine's max_num_seqs (the rest only queue)."""
+MIN_OSCILLATION_WINDOW_S = 0.01
 """The most tokens a mix may give a prompt or an answer: ten times the longest context
 served today (a median of 1e308 overflowed the default maximum, median × 20)."""
 EVENT_KINDS = ("region-outage", "link-degraded", "worker-crash", "hotspot", "model-rollout")
@@ -273,6 +281,9 @@ class _Builder:
         self.regions: dict[str, Region] = {}
         self.sites: dict[str, Site] = {}
         self.shortened = False
+        self.fleet_complete = True
+        """False once a fleet group is refused: the regions and models it would have added are
+        then unknown, and a reference to one is not reported as a second, misleading problem."""
 
     def path(self, node: Node) -> Path:
         p = Path(node.string())
@@ -280,6 +291,13 @@ class _Builder:
             return p if p.is_absolute() else self.base / p
         repo = Path(__file__).resolve().parents[2] / p  # repository-relative, as documented
         return repo if repo.exists() else self.base / p
+
+    def unserved(self, region: str, fleet_regions: tuple[str, ...]) -> bool:
+        """Whether naming ``region`` is a problem: no worker there, and not because a refused
+        fleet group (already reported) would have put them there."""
+        if region in fleet_regions:
+            return False
+        return self.fleet_complete or region not in self.regions
 
     def scenario(self, source: str) -> Scenario | None:
         r = self.root
@@ -294,7 +312,9 @@ class _Builder:
             return None
         site_names = self.site_selection(r.get("sites"))
         jitter, loss, links, model = self.network(r.get("network"), site_names, model)
+        before = len(self.problems.items)
         workers = self.fleet(r.get("fleet"))
+        self.fleet_complete = len(self.problems.items) == before
         fleet_regions = tuple(dict.fromkeys(w.region for w in workers))
         router = self.router(r.get("router"))
         traffic = self.traffic(r.get("traffic"), site_names, {m for w in workers for m in w.models})
@@ -311,9 +331,14 @@ class _Builder:
         if not rep.missing and rep.mapping(
             ("interval_s", "sample_decisions", "oscillation_window_s")
         ):
-            interval = rep.get("interval_s").number(60.0, lo=0, lo_open=True)
+            iv = rep.get("interval_s")
+            interval = iv.number(60.0, lo=1, hi=MAX_DURATION_S)
+            if interval != round(interval):  # the clock that closes intervals ticks each second
+                iv.fail(f"must be a whole number of seconds, got {iv.value!r}")
             sample = rep.get("sample_decisions").integer(40, lo=0, hi=10_000)
-            osc = rep.get("oscillation_window_s").number(10.0, lo=0, lo_open=True)
+            osc = rep.get("oscillation_window_s").number(
+                10.0, lo=MIN_OSCILLATION_WINDOW_S, hi=MAX_DURATION_S
+            )
         lim = r.get("limits")
         max_mem = None
         if not lim.missing and lim.mapping(("max_memory_mib",)):
@@ -595,7 +620,7 @@ class _Builder:
             return Traffic(
                 0.0, DEFAULT_DIURNAL, (), (), self.trace(node.get("trace"), sites, models)
             )
-        rate = node.get("rate_per_s").number(lo=0, lo_open=True)
+        rate = node.get("rate_per_s").number(lo=0, lo_open=True, hi=MAX_RATE_PER_S)
         diurnal = DEFAULT_DIURNAL
         dn = node.get("diurnal")
         if not dn.missing:
@@ -613,7 +638,7 @@ class _Builder:
             if not el.mapping(keys):
                 continue
             model = el.get("model").string()
-            if model and model not in models:
+            if model and model not in models and self.fleet_complete:
                 el.get("model").fail(
                     f"no worker serves model {model!r} (served: {', '.join(sorted(models))})"
                 )
@@ -626,7 +651,7 @@ class _Builder:
                     output_tokens=self.distribution(el.get("output_tokens")),
                     system_tokens=el.get("system_tokens").integer(0, lo=0, hi=100_000),
                     continue_p=el.get("continue_p").number(0.0, lo=0, hi=0.99),
-                    max_tokens=el.get("max_tokens").integer(4096, lo=1),
+                    max_tokens=el.get("max_tokens").integer(4096, lo=1, hi=MAX_REQUEST_TOKENS),
                 )
             )
         if not mixes:
@@ -715,7 +740,7 @@ class _Builder:
             return None
         site = rec.get("site").string(choices=sites)
         model = rec.get("model").string()
-        if model and model not in models:
+        if model and model not in models and self.fleet_complete:
             rec.get("model").fail(f"no worker serves model {model!r}")
         prompt = rec.get("prompt_tokens").integer(hi=MAX_REQUEST_TOKENS)
         output = rec.get("output_tokens").integer(lo=1, hi=MAX_REQUEST_TOKENS)
@@ -761,14 +786,14 @@ class _Builder:
             if not el.mapping(("region", "streams_per_worker", "prompt_tokens", "max_tokens")):
                 continue
             region = el.get("region").string()
-            if region not in regions:
+            if self.unserved(region, regions):
                 el.get("region").fail(f"no worker in region {region!r}")
             out.append(
                 Background(
                     region,
-                    el.get("streams_per_worker").integer(lo=1),
-                    el.get("prompt_tokens").integer(16, lo=1),
-                    el.get("max_tokens").integer(128, lo=1),
+                    el.get("streams_per_worker").integer(lo=1, hi=MAX_BACKGROUND_STREAMS),
+                    el.get("prompt_tokens").integer(16, lo=1, hi=MAX_REQUEST_TOKENS),
+                    el.get("max_tokens").integer(128, lo=1, hi=MAX_REQUEST_TOKENS),
                 )
             )
         return out
@@ -802,7 +827,7 @@ class _Builder:
             ev = Event(kind=kind, at_s=at, duration_s=dur)
             if kind in ("region-outage", "worker-crash", "link-degraded"):
                 region = el.get("region").string()
-                if region and region not in regions:
+                if region and self.unserved(region, regions):
                     el.get("region").fail(f"no worker in region {region!r}")
                 ev = _replace(ev, region=region)
             if kind == "region-outage":
@@ -826,12 +851,13 @@ class _Builder:
                 tenant = el.get("tenant").string("") if el.has("tenant") else ""
                 if tenant and tenant not in tenants:
                     el.get("tenant").fail(f"unknown tenant {tenant!r}")
-                ev = _replace(ev, factor=el.get("factor").number(lo=0, lo_open=True), tenant=tenant)
+                factor = el.get("factor").number(lo=0, lo_open=True, hi=MAX_HOTSPOT_FACTOR)
+                ev = _replace(ev, factor=factor, tenant=tenant)
             if kind == "model-rollout":
                 model = el.get("model").string()
                 rs = self.region_selection(el.get("regions"))
                 for r in rs:
-                    if r not in regions:
+                    if self.unserved(r, regions):
                         el.get("regions").fail(f"no worker in region {r!r}")
                 if model and traffic.mixes and model not in models:
                     el.get("model").fail(f"no request mix asks for model {model!r}")

@@ -99,12 +99,79 @@ def problems(doc: dict[str, Any]) -> tuple[str, ...]:
             lambda d: d.update(router={"service_ms": -1}),
             "router.service_ms: must be >= 0",
         ),
+        # Values that would make a run that never ends (a billion requests a second, a hotspot
+        # a trillion times over) or that grows without bound (a window of a nanosecond).
+        (
+            lambda d: d["traffic"].update(rate_per_s=1e9),
+            "traffic.rate_per_s: must be > 0 and <= 1e+06, got 1000000000.0",
+        ),
+        (
+            lambda d: d.update(events=[{"kind": "hotspot", "at_s": 1, "factor": 1e12}]),
+            "events[0].factor: must be > 0 and <= 10000",
+        ),
+        (
+            lambda d: d.update(report={"oscillation_window_s": 1e-9}),
+            "report.oscillation_window_s: must be >= 0.01",
+        ),
+        (lambda d: d.update(report={"interval_s": 0.5}), "report.interval_s: must be >= 1"),
+        (
+            lambda d: d.update(report={"interval_s": 1.5}),
+            "report.interval_s: must be a whole number of seconds, got 1.5",
+        ),
+        (
+            lambda d: d.update(background=[{"region": "us", "streams_per_worker": 10**9}]),
+            "background[0].streams_per_worker: must be >= 1 and <= 10000",
+        ),
+        (
+            lambda d: d.update(
+                background=[{"region": "us", "streams_per_worker": 1, "prompt_tokens": 10**9}]
+            ),
+            "background[0].prompt_tokens: must be >= 1 and <= 10000000",
+        ),
+        (
+            lambda d: d.update(
+                background=[{"region": "us", "streams_per_worker": 1, "max_tokens": 10**9}]
+            ),
+            "background[0].max_tokens: must be >= 1 and <= 10000000",
+        ),
+        (
+            lambda d: d["traffic"]["mixes"][0].update(max_tokens=10**9),
+            "traffic.mixes[0].max_tokens: must be >= 1 and <= 10000000",
+        ),
     ],
 )
 def test_a_bad_scenario_names_the_key(small: dict[str, Any], edit: Any, expected: str) -> None:
     edit(small)
     found = problems(small)
     assert any(expected in p for p in found), found
+
+
+def test_a_refused_fleet_group_is_one_problem_not_one_per_reference_to_its_regions(
+    small: dict[str, Any],
+) -> None:
+    small["fleet"]["groups"][1]["gpu"] = "h1000"  # the group that puts workers in "us"
+    small["background"] = [{"region": "us", "streams_per_worker": 2}]
+    small["events"] = [{"kind": "region-outage", "region": "us", "at_s": 1}]
+    assert problems(small) == ("fleet.groups[1].gpu: unknown gpu 'h1000' (known: small)",)
+
+
+def test_a_region_no_group_serves_is_still_a_problem_when_another_group_is_refused(
+    small: dict[str, Any],
+) -> None:
+    small["fleet"]["groups"][1]["gpu"] = "h1000"
+    small["background"] = [{"region": "mars", "streams_per_worker": 2}]
+    found = problems(small)
+    assert "background[0].region: no worker in region 'mars'" in found, found
+
+
+def test_background_streams_count_in_the_memory_estimate(small: dict[str, Any]) -> None:
+    from services.planet.memory import estimate
+
+    plain, _ = estimate(build(small, source="s.yaml", base=ROOT))
+    small["background"] = [{"region": "kr", "streams_per_worker": 10_000}]
+    busy, _ = estimate(build(small, source="s.yaml", base=ROOT))
+    # two kr workers x 10,000 streams, ~2 KB each
+    assert busy - plain == pytest.approx(2 * 10_000 * 2_000 / 2**20, rel=0.01)
 
 
 def test_every_problem_is_reported_at_once(small: dict[str, Any]) -> None:
@@ -357,3 +424,102 @@ def test_a_good_trace_record_is_read_with_its_defaults(
         9,
     )
     assert (record.prefix_key, record.prefix_tokens, record.allowed_regions) == ("", 0, frozenset())
+
+
+def write_small(tmp_path: Path, doc: dict[str, Any]) -> Path:
+    import yaml
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.mark.parametrize("combine", [False, True])
+def test_an_out_folder_that_cannot_be_made_exits_2_before_the_run(
+    tmp_path: Path,
+    small: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    combine: bool,
+) -> None:
+    import services.planet.main as planet_main
+
+    if combine:
+        argv = ["--combine", str(_a_results_json(tmp_path, small))]
+    else:
+        argv = ["--scenario", str(write_small(tmp_path, {**small, "duration_s": 2}))]
+    ran: list[object] = []
+
+    def run_one(*args: object) -> dict[str, Any]:
+        ran.append(args)
+        return {}
+
+    monkeypatch.setattr(planet_main, "run_one", run_one)
+    # /proc refuses new folders to everyone, root included (a chmod would not stop root).
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--no-progress", "--out", "/proc/meridian-planet-test/report"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "argument --out: cannot write to '/proc/meridian-planet-test/report'" in err
+    assert "Traceback" not in err
+    assert ran == []
+
+
+def _a_results_json(tmp_path: Path, small: dict[str, Any]) -> Path:
+    out = tmp_path / "first"
+    assert main(["--scenario", str(write_small(tmp_path, {**small, "duration_s": 2})),
+                 "--no-progress", "--out", str(out)]) == 0  # fmt: skip
+    return out / "results.json"
+
+
+def test_a_profile_path_without_a_yaml_suffix_is_read_as_the_path_given(
+    tmp_path: Path, small: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    mine = tmp_path / "mine"
+    mine.write_text((ROOT / "deploy/router/profiles/least-loaded.yaml").read_text())
+    path = write_small(tmp_path, {**small, "duration_s": 2})
+    out = tmp_path / "out"
+    argv = ["--scenario", str(path), "--no-progress", "--out", str(out), "--profiles", str(mine)]
+    assert main(argv) == 0
+    assert capsys.readouterr().out.startswith("mine ")
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv[:-1], "least-lodaed"])
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--profiles: no such profile: least-lodaed (shipped: default," in err
+    assert "least-loaded" in err
+
+
+def test_the_header_says_how_many_requests_the_run_will_generate(
+    tmp_path: Path, small: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+    import re
+
+    path = write_small(tmp_path, {**small, "duration_s": 30})
+    assert main(["--scenario", str(path), "--no-progress", "--out", str(tmp_path / "o")]) == 0
+    said = re.search(r"~([\d,]+) requests per profile", capsys.readouterr().err)
+    assert said is not None
+    expected = int(said.group(1).replace(",", ""))
+    result = json.loads((tmp_path / "o/results.json").read_text())
+    result = result[0] if isinstance(result, list) else result
+    # Poisson: 600-odd arrivals are within a few standard deviations (~25) of their mean
+    assert abs(result["requests"] - expected) < 5 * expected**0.5, (result["requests"], expected)
+
+
+def test_expected_arrivals_follow_the_diurnal_curve_and_the_hotspots(small: dict[str, Any]) -> None:
+    from services.planet.demand import Demand
+
+    small["duration_s"] = 100
+    small["traffic"]["rate_per_s"] = 10
+    small["traffic"]["diurnal"] = [1] * 24
+    flat = Demand(build(small, source="s.yaml", base=ROOT), {}).expected_arrivals()
+    small["events"] = [{"kind": "hotspot", "at_s": 50, "duration_s": 10, "factor": 11}]
+    hot = Demand(build(small, source="s.yaml", base=ROOT), {}).expected_arrivals()
+    assert flat == pytest.approx(1000)
+    assert hot == pytest.approx(2000)  # every site x 11 for 10 of the 100 s: 10 x 10/s x 10 more
+    small["traffic"]["diurnal"] = [1] * 12 + [3] * 12
+    curved = Demand(build(small, source="s.yaml", base=ROOT), {})
+    assert curved.expected_arrivals() != pytest.approx(hot, rel=0.01)
+    exact = curved.expected_arrivals()
+    assert curved.expected_arrivals(max_pieces=7) == pytest.approx(exact, rel=0.5)
