@@ -119,7 +119,7 @@ def calibration() -> int:
 def combine(paths: list[Path], out: Path, p: argparse.ArgumentParser) -> int:
     import json
 
-    from services.planet.report import write_json, write_markdown
+    from services.planet.report import read_result, write_json, write_markdown
 
     results: list[dict[str, Any]] = []
     for path in paths:
@@ -133,7 +133,7 @@ def combine(paths: list[Path], out: Path, p: argparse.ArgumentParser) -> int:
             problem = _not_a_result(result)
             if problem:
                 p.error(f"--combine: {path}: not a bench.planet results.json: {problem}")
-            results.append(result)
+            results.append(read_result(result))
     if not results:
         p.error("--combine: the files hold no results")
     prepare_out(out, p)
@@ -156,7 +156,7 @@ _RESULT_KEYS: dict[str, type | tuple[type, ...]] = {
     "fleet": dict,
     "slo": dict,
     "requests": int,
-    "goodput": (int, float),
+    "goodput": (int, float, type(None)),  # null: no requests at all
     "ttft_ms": dict,
     "itl_ms": dict,
     "e2e_ms": dict,
@@ -257,6 +257,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         f"memory estimate {need:,.0f} MiB",
         file=sys.stderr,
     )
+    if arrivals < 1:
+        print(
+            f"warning: {sc.source}: fewer than one request is expected in {sc.duration_s:g} s "
+            "(traffic.rate_per_s, the sites' population_m, the diurnal weights at their local "
+            "hours and the hotspot factors multiply together); the report will be empty",
+            file=sys.stderr,
+        )
     results = []
     for prof in profiles or [sc.router.profile]:
         label = prof.stem

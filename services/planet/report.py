@@ -121,7 +121,40 @@ def summarise(planet: Planet, stats: RunStats, profile_name: str) -> dict[str, A
 
 
 def write_json(results: list[dict[str, Any]], path: Path) -> None:
-    path.write_text(json.dumps(results if len(results) > 1 else results[0], indent=1, default=str))
+    """Standard JSON: a percentile of nothing (an interval, a tier or a whole run without
+    requests) is NaN in memory and ``null`` in the file (``NaN`` is not JSON: ``jq``,
+    JavaScript and Go refuse it). :func:`read_result` turns it back."""
+    doc = _finite_or_null(results if len(results) > 1 else results[0])
+    path.write_text(json.dumps(doc, indent=1, default=str, allow_nan=False))
+
+
+def read_result(result: dict[str, Any]) -> dict[str, Any]:
+    """One result as :func:`write_json` wrote it, with its ``null`` numbers NaN again (the
+    SLO's ``itl_ms`` is the one ``null`` that means "none")."""
+    restored: dict[str, Any] = _null_to_nan({k: v for k, v in result.items() if k != "slo"})
+    if "slo" in result:
+        restored["slo"] = result["slo"]
+    return {k: restored[k] for k in result}
+
+
+def _finite_or_null(v: Any) -> Any:
+    if isinstance(v, float):
+        return v if math.isfinite(v) else None
+    if isinstance(v, dict):
+        return {k: _finite_or_null(x) for k, x in v.items()}
+    if isinstance(v, list | tuple):
+        return [_finite_or_null(x) for x in v]
+    return v
+
+
+def _null_to_nan(v: Any) -> Any:
+    if v is None:
+        return math.nan
+    if isinstance(v, dict):
+        return {k: _null_to_nan(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_null_to_nan(x) for x in v]
+    return v
 
 
 def _fmt(v: float) -> str:

@@ -273,6 +273,20 @@ def build(doc: Any, *, source: str, base: Path, shortened: bool = False) -> Scen
     return scenario
 
 
+class _UniqueNames:
+    """Names that must differ (tenants, mixes: hotspots and the report find them by name)."""
+
+    def __init__(self) -> None:
+        self.seen: set[tuple[str, str]] = set()
+
+    def check(self, node: Node, kind: str) -> str:
+        name = node.string()
+        if name and (kind, name) in self.seen:
+            node.fail(f"{kind} {name!r} listed twice")
+        self.seen.add((kind, name))
+        return name
+
+
 class _Builder:
     def __init__(self, root: Node, problems: Problems, base: Path) -> None:
         self.root = root
@@ -301,7 +315,10 @@ class _Builder:
 
     def scenario(self, source: str) -> Scenario | None:
         r = self.root
-        name = r.get("name").string("scenario")
+        name_node = r.get("name")
+        name = name_node.string("scenario")
+        if len(name) > 200 or not name.isprintable():  # it heads the report and every line
+            name_node.fail(f"must be one line of printable text, at most 200 characters: {name!r}")
         seed = r.get("seed").integer(1)
         duration = r.get("duration_s").number(lo=0, hi=MAX_DURATION_S, lo_open=True)
         engine = r.get("engine").string("fast", choices=ENGINES)
@@ -449,7 +466,7 @@ class _Builder:
                     lat=el.get("lat").number(lo=-90, hi=90),
                     lon=el.get("lon").number(lo=-180, hi=180),
                     utc_offset_h=el.get("utc_offset_h").number(0.0, lo=-12, hi=14),
-                    population_m=el.get("population_m").number(1.0, lo=0),
+                    population_m=el.get("population_m").number(1.0, lo=0, hi=1000),
                     zone=el.get("zone").string(name),
                 )
         return out
@@ -510,15 +527,18 @@ class _Builder:
         if not node.mapping(("gpus", "groups")):
             return []
         gpus: dict[str, SimConfig] = {}
+        refused: set[str] = set()  # defined but invalid: already reported, not "unknown"
         gn = node.get("gpus")
         for name, spec in gn.items():
             if not isinstance(spec.value, Mapping):
                 spec.fail("must be a mapping of SimConfig settings")
+                refused.add(name)
                 continue
             try:
                 gpus[name] = SimConfig.from_mapping(spec.value)
             except SimConfigError as err:
                 self.problems.add(f"{spec.path}.{err.key}", str(err).split(": ", 1)[-1])
+                refused.add(name)
         workers: list[WorkerSpec] = []
         per_region: dict[str, int] = {}
         for g in node.get("groups").elements():
@@ -527,6 +547,8 @@ class _Builder:
             regions = self.region_selection(g.get("regions"))
             count = g.get("workers").integer(lo=1, hi=100_000)
             gpu = g.get("gpu").string()
+            if gpu in refused:
+                continue
             if gpu and gpu not in gpus:
                 g.get("gpu").fail(
                     f"unknown gpu {gpu!r} (known: {', '.join(sorted(gpus)) or 'none'})"
@@ -632,6 +654,7 @@ class _Builder:
             else:
                 diurnal = tuple(values)
         mixes = []
+        unique = _UniqueNames()
         for el in node.get("mixes").elements():
             keys = ("name", "share", "model", "prompt_tokens", "output_tokens", "system_tokens",
                     "continue_p", "max_tokens")  # fmt: skip
@@ -644,7 +667,7 @@ class _Builder:
                 )
             mixes.append(
                 Mix(
-                    name=el.get("name").string(),
+                    name=unique.check(el.get("name"), "mix"),
                     share=el.get("share").number(lo=0, lo_open=True),
                     model=model,
                     prompt_tokens=self.distribution(el.get("prompt_tokens")),
@@ -679,7 +702,7 @@ class _Builder:
                 site_set = frozenset(names)
             tenants.append(
                 Tenant(
-                    name=el.get("name").string(),
+                    name=unique.check(el.get("name"), "tenant"),
                     share=el.get("share").number(lo=0, lo_open=True),
                     tier=TIERS[el.get("tier").string("standard", choices=tuple(TIERS))],
                     residency=residency,

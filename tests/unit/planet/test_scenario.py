@@ -523,3 +523,63 @@ def test_expected_arrivals_follow_the_diurnal_curve_and_the_hotspots(small: dict
     assert curved.expected_arrivals() != pytest.approx(hot, rel=0.01)
     exact = curved.expected_arrivals()
     assert curved.expected_arrivals(max_pieces=7) == pytest.approx(exact, rel=0.5)
+
+
+def test_a_run_without_requests_writes_standard_json_and_combines(
+    tmp_path: Path, small: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    for site in small["world"]["sites"]:
+        site["population_m"] = 0  # nobody lives there: no request arrives
+    path = write_small(tmp_path, {**small, "duration_s": 3})
+    out = tmp_path / "out"
+    assert main(["--scenario", str(path), "--no-progress", "--out", str(out)]) == 0
+    assert "warning: " in capsys.readouterr().err
+    text = (out / "results.json").read_text()
+
+    def refuse(token: str) -> float:
+        raise AssertionError(f"not standard JSON: {token}")
+
+    result = json.loads(text, parse_constant=refuse)  # NaN / Infinity are not JSON
+    assert result["requests"] == 0
+    assert result["goodput"] is None
+    assert result["ttft_ms"]["p99"] is None
+    assert main(["--combine", str(out / "results.json"), "--out", str(tmp_path / "c")]) == 0
+    assert "| – ms |" in (tmp_path / "c/report.md").read_text()
+    assert json.loads((tmp_path / "c/results.json").read_text()) == result
+
+
+@pytest.mark.parametrize(
+    ("edit", "expected"),
+    [
+        (
+            lambda d: d["traffic"]["tenants"].append(dict(d["traffic"]["tenants"][0])),
+            ("traffic.tenants[2].name: tenant 'a' listed twice",),
+        ),
+        (
+            lambda d: d["traffic"]["mixes"].append(dict(d["traffic"]["mixes"][0])),
+            ("traffic.mixes[1].name: mix 'chat' listed twice",),
+        ),
+        (
+            lambda d: d.update(name="x\n\x00"),
+            ("name: must be one line of printable text, at most 200 characters: 'x\\n\\x00'",),
+        ),
+        (
+            lambda d: d["world"]["sites"][0].update(population_m=1e308),
+            ("world.sites[0].population_m: must be >= 0 and <= 1000, got 1e+308",),
+        ),
+        (  # the groups that use the refused gpu are not "unknown gpu" problems besides
+            lambda d: d["fleet"]["gpus"]["small"].update(kv_cache_tokens=16),
+            (
+                "fleet.gpus.small.kv_cache_tokens: the KV cache (16 tokens in whole blocks) "
+                "must hold one full context (max_model_len=8192)",
+            ),
+        ),
+    ],
+)
+def test_a_bad_scenario_gets_exactly_its_own_problems(
+    small: dict[str, Any], edit: Any, expected: tuple[str, ...]
+) -> None:
+    edit(small)
+    assert problems(small) == expected
