@@ -66,6 +66,8 @@ MAX_HOTSPOT_FACTOR = 10_000.0
 MAX_BACKGROUND_STREAMS = 10_000
 """Background streams per worker: far past any engine's max_num_seqs (the rest only queue)."""
 MIN_OSCILLATION_WINDOW_S = 0.01
+MAX_RTT_MS = 60_000.0
+"""A link's round trip, or what a degraded link adds to it: a minute is past any TCP timeout."""
 """The most tokens a mix may give a prompt or an answer: ten times the longest context
 served today (a median of 1e308 overflowed the default maximum, median × 20)."""
 EVENT_KINDS = ("region-outage", "link-degraded", "worker-crash", "hotspot", "model-rollout")
@@ -475,10 +477,12 @@ class _Builder:
         if node.missing or node.value == "*":
             return list(self.sites)
         names = node.strings()
-        for n in names:
+        for i, n in enumerate(names):
             if n not in self.sites:
                 node.fail(f"unknown site {n!r} (known: {', '.join(sorted(self.sites))})")
-        return [n for n in names if n in self.sites]
+            elif n in names[:i]:
+                node.fail(f"site {n!r} listed twice")
+        return list(dict.fromkeys(n for n in names if n in self.sites))
 
     def network(
         self, node: Node, sites: list[str], model: RttModel
@@ -490,8 +494,10 @@ class _Builder:
         if node.has("path_stretch") or node.has("overhead_ms"):
             try:
                 model = RttModel(
-                    path_stretch=node.get("path_stretch").number(model.path_stretch, lo=1),
-                    overhead_ms=node.get("overhead_ms").number(model.overhead_ms, lo=0),
+                    # Fibre paths run 1.2-2.5x the great circle; past 10x, or a second of
+                    # fixed overhead, is a typo, not a network.
+                    path_stretch=node.get("path_stretch").number(model.path_stretch, lo=1, hi=10),
+                    overhead_ms=node.get("overhead_ms").number(model.overhead_ms, lo=0, hi=1000),
                 )
             except ValueError as err:
                 node.fail(str(err))
@@ -500,11 +506,15 @@ class _Builder:
         links = []
         ln = node.get("links")
         if not ln.missing:
+            seen: set[tuple[str, str]] = set()
             for el in ln.elements():
                 if not el.mapping(("site", "region", "rtt_ms", "loss")):
                     continue
                 site = el.get("site").string()
                 region = el.get("region").string()
+                if (site, region) in seen:
+                    el.fail(f"the link {site} - {region} is listed twice")
+                seen.add((site, region))
                 if site not in sites:
                     el.get("site").fail(f"unknown site {site!r}")
                 if region not in self.regions:
@@ -515,7 +525,7 @@ class _Builder:
                     Link(
                         site,
                         region,
-                        None if rtt.missing else rtt.number(lo=0, lo_open=True),
+                        None if rtt.missing else rtt.number(lo=0, lo_open=True, hi=MAX_RTT_MS),
                         None if lo.missing else lo.number(lo=0, hi=0.5),
                     )
                 )
@@ -639,6 +649,11 @@ class _Builder:
         if not node.mapping(("rate_per_s", "diurnal", "mixes", "tenants", "trace")):
             return empty
         if node.has("trace"):
+            for key in ("rate_per_s", "diurnal", "mixes", "tenants"):
+                if node.has(key):  # silently ignored, it would look like it did something
+                    node.get(key).fail(
+                        "not used with a trace (its records say when, where and what)"
+                    )
             return Traffic(
                 0.0, DEFAULT_DIURNAL, (), (), self.trace(node.get("trace"), sites, models)
             )
@@ -867,7 +882,7 @@ class _Builder:
             if kind == "link-degraded":
                 ev = _replace(
                     ev,
-                    extra_rtt_ms=el.get("extra_rtt_ms").number(0.0, lo=0),
+                    extra_rtt_ms=el.get("extra_rtt_ms").number(0.0, lo=0, hi=MAX_RTT_MS),
                     loss=el.get("loss").number(0.0, lo=0, hi=0.5),
                 )
             if kind == "hotspot":

@@ -138,6 +138,7 @@ class Planet:
             for w in sc.workers
         ]
         self.index = {w.worker_id: i for i, w in enumerate(self.static)}
+        self.max_len = [w.config.max_model_len for w in sc.workers]
         engine_cls = FastWorker if sc.engine == "fast" else ExactWorker
         self.engines = [engine_cls(w.config, self._emitter(i)) for i, w in enumerate(sc.workers)]
         self.up = [True] * len(self.engines)
@@ -438,6 +439,15 @@ class Planet:
             return
         if req.allowed and sw.region not in req.allowed:
             self.metrics.residency_violations += 1
+        limit = self.max_len[w]
+        if req.prompt >= limit or req.prompt + req.max_tokens > limit:
+            # As the worker's validation does (services/worker/sim/validation.py): a 400
+            # (context_length_exceeded) the edge relays, no failover; the worker is fine.
+            back = t + self.network.one_way_s(req.site, sw.region_index)
+            self.views[req.site].later(back, OUTCOME, w, (req.rid, False))
+            self.metrics.refuse(req.tier.name.lower(), "context_length_exceeded")
+            self.open -= 1
+            return
         job = Job(
             rid=req.rid,
             priority=int(req.tier),

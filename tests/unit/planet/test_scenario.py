@@ -569,6 +569,48 @@ def test_a_run_without_requests_writes_standard_json_and_combines(
             lambda d: d["world"]["sites"][0].update(population_m=1e308),
             ("world.sites[0].population_m: must be >= 0 and <= 1000, got 1e+308",),
         ),
+        (
+            lambda d: d.update(sites=["seoul", "tokyo", "seoul"]),
+            ("sites: site 'seoul' listed twice",),
+        ),
+        (
+            lambda d: d.update(
+                network={
+                    "links": [
+                        {"site": "seoul", "region": "kr", "rtt_ms": 5},
+                        {"site": "seoul", "region": "kr", "rtt_ms": 50},
+                    ]
+                }
+            ),
+            ("network.links[1]: the link seoul - kr is listed twice",),
+        ),
+        (
+            lambda d: d.update(network={"path_stretch": 1e300, "overhead_ms": 5000}),
+            (
+                "network.path_stretch: must be >= 1 and <= 10, got 1e+300",
+                "network.overhead_ms: must be >= 0 and <= 1000, got 5000",
+            ),
+        ),
+        (
+            lambda d: d.update(
+                network={"links": [{"site": "seoul", "region": "kr", "rtt_ms": 1e9}]}
+            ),
+            ("network.links[0].rtt_ms: must be > 0 and <= 60000, got 1000000000.0",),
+        ),
+        (
+            lambda d: d.update(
+                events=[
+                    {
+                        "kind": "link-degraded",
+                        "site": "seoul",
+                        "region": "kr",
+                        "at_s": 1,
+                        "extra_rtt_ms": 1e300,
+                    }
+                ]
+            ),
+            ("events[0].extra_rtt_ms: must be >= 0 and <= 60000, got 1e+300",),
+        ),
         (  # the groups that use the refused gpu are not "unknown gpu" problems besides
             lambda d: d["fleet"]["gpus"]["small"].update(kv_cache_tokens=16),
             (
@@ -583,3 +625,15 @@ def test_a_bad_scenario_gets_exactly_its_own_problems(
 ) -> None:
     edit(small)
     assert problems(small) == expected
+
+
+def test_a_trace_with_rate_or_mixes_beside_it_names_what_it_would_ignore(
+    tmp_path: Path, small: dict[str, Any]
+) -> None:
+    import json
+
+    (tmp_path / "trace.jsonl").write_text(json.dumps(GOOD_RECORD) + "\n")
+    small["traffic"]["trace"] = "trace.jsonl"  # beside rate_per_s, mixes and tenants
+    found = problems_at(small, tmp_path)
+    why = "not used with a trace (its records say when, where and what)"
+    assert found == tuple(f"traffic.{k}: {why}" for k in ("rate_per_s", "mixes", "tenants"))

@@ -202,3 +202,25 @@ def test_a_run_leaves_the_garbage_collector_as_it_found_it() -> None:
         assert gc.get_freeze_count() > 0
     assert gc.get_threshold() == before
     assert gc.get_freeze_count() == 0
+
+
+def test_a_trace_request_longer_than_the_context_is_refused_as_the_worker_would(
+    tmp_path: Path, small: dict[str, Any]
+) -> None:
+    import json
+
+    records = [
+        {"at_s": 0.5, "site": "seoul", "model": "m", "prompt_tokens": 90, "output_tokens": 9},
+        # max_model_len is 8192: a prompt past it, and one that leaves no room for its answer
+        {"at_s": 1.0, "site": "seoul", "model": "m", "prompt_tokens": 10_000, "output_tokens": 9},
+        {"at_s": 1.5, "site": "tokyo", "model": "m", "prompt_tokens": 8000, "output_tokens": 300},
+    ]
+    (tmp_path / "trace.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    doc = {**small, "duration_s": 3, "traffic": {"trace": "trace.jsonl"}}
+    planet = Planet(build(doc, source="s.yaml", base=tmp_path))
+    stats = planet.run()
+    m = planet.metrics
+    assert stats.requests == 3
+    assert m.refused == {("standard", "context_length_exceeded"): 2}
+    assert m.ttft[("site", "seoul")].count == 1  # the short one was served
+    assert planet.open == 0  # nothing left waiting in an engine for ever
