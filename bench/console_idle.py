@@ -31,6 +31,7 @@ from pathlib import Path
 import aiohttp
 
 from bench._edge import ONE_CLIENT_EDGE_ARGS
+from services.common import cli
 from services.localstack.config import load_stack_config
 from services.localstack.stack import REPO_ROOT, LocalStack
 
@@ -192,7 +193,7 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--seconds", type=float, default=20.0)
-    parser.add_argument("--consoles", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--rate", type=float, default=20.0)
+    parser.add_argument("--seconds", type=cli.finite_float(0, 3600, low_open=True), default=20.0)
+    parser.add_argument("--consoles", type=cli.integer(1, 256), nargs="+", default=[1, 4])
+    parser.add_argument("--rate", type=cli.finite_float(0, 10_000, low_open=True), default=20.0)
     asyncio.run(main(parser.parse_args()))

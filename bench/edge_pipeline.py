@@ -34,6 +34,7 @@ from pathlib import Path
 import uvloop
 
 from meridian.v1 import router_pb2
+from services.common import cli as flags
 from services.edge.openai_types import parse_chat_request
 from services.edge.prompt import estimate_prompt_tokens
 from services.edge.ratelimit.types import Ask
@@ -236,9 +237,9 @@ async def measure(edge: EdgeServer, args: argparse.Namespace) -> None:
 
 def cli(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m bench.edge_pipeline", description=__doc__)
-    p.add_argument("--requests", type=int, default=3000)
-    p.add_argument("--concurrency", type=int, default=32)
-    p.add_argument("--seconds", type=float, default=5.0)
+    p.add_argument("--requests", type=flags.integer(1, 10_000_000), default=3000)
+    p.add_argument("--concurrency", type=flags.integer(1, 10_000), default=32)
+    p.add_argument("--seconds", type=flags.finite_float(0, 3600, low_open=True), default=5.0)
     uvloop.run(main(p.parse_args(argv)))
 
 

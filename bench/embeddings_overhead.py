@@ -28,6 +28,7 @@ import grpc
 
 from bench._edge import ONE_CLIENT_EDGE_ARGS
 from meridian.v1 import worker_pb2, worker_pb2_grpc
+from services.common import cli
 from services.localstack.config import parse_stack_config
 from services.localstack.stack import LocalStack
 
@@ -166,8 +167,8 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(prog="python -m bench.embeddings_overhead")
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--requests", type=int, default=200)
-    parser.add_argument("--inputs", type=int, default=4)
-    parser.add_argument("--chars", type=int, default=200)
+    parser.add_argument("--concurrency", type=cli.integer(1, 1024), nargs="+", default=[1, 8])
+    parser.add_argument("--requests", type=cli.integer(1, 1_000_000), default=200)
+    parser.add_argument("--inputs", type=cli.integer(1, 2048), default=4)
+    parser.add_argument("--chars", type=cli.integer(1, 100_000), default=200)
     asyncio.run(main(parser.parse_args()))

@@ -302,14 +302,20 @@ def check(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.planet_fidelity", description=__doc__)
-    p.add_argument("--rate", type=cli.positive_float, default=20.0)
-    p.add_argument("--duration", type=cli.positive_float, default=15.0)
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--rate", type=cli.finite_float(0, 1000, low_open=True), default=20.0)
+    p.add_argument("--duration", type=cli.finite_float(0, 3600, low_open=True), default=15.0)
+    p.add_argument("--seed", type=cli.integer(0), default=7)
     p.add_argument("--profiles", nargs="+", default=["default", "round-robin", "nearest-region",
                                                       "least-loaded", "power-of-two"])  # fmt: skip
     p.add_argument("--sim-only", action="store_true")
     p.add_argument("--write-trace", type=cli.output_file)
     args = p.parse_args(argv)
+    planned = args.rate * args.duration
+    if planned > rq.MAX_PLANNED_REQUESTS:
+        p.error(
+            f"--rate x --duration plans {planned:,.0f} requests, more than "
+            f"{rq.MAX_PLANNED_REQUESTS:,} (every one is planned before the run)"
+        )
     missing = [n for n in args.profiles if not (rq.PROFILES_DIR / f"{n}.yaml").exists()]
     if missing:
         p.error(f"no such profile under {rq.PROFILES_DIR}: {', '.join(missing)}")

@@ -55,6 +55,7 @@ import uvloop
 
 from bench._cpu import cpu_seconds
 from meridian.v1 import router_pb2
+from services.common import cli
 from services.common.clock import SYSTEM_CLOCK
 from services.common.errors import InvalidRequest
 from services.edge.counters import EdgeCounters
@@ -263,9 +264,16 @@ async def run(args: argparse.Namespace) -> list[Phase]:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.router_cpu", description=__doc__)
-    p.add_argument("--workers", type=int, default=2, help="sim worker processes")
-    p.add_argument("--rates", type=float, nargs="+", default=[20.0, 200.0])
-    p.add_argument("--seconds", type=float, default=5.0, help="length of each phase")
+    p.add_argument("--workers", type=cli.integer(1, 64), default=2, help="sim worker processes")
+    p.add_argument(
+        "--rates", type=cli.finite_float(0, 10_000, low_open=True), nargs="+", default=[20.0, 200.0]
+    )
+    p.add_argument(
+        "--seconds",
+        type=cli.finite_float(0, 3600, low_open=True),
+        default=5.0,
+        help="length of each phase",
+    )
     p.add_argument(
         "--transports",
         nargs="+",

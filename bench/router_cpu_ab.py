@@ -34,6 +34,7 @@ from typing import Any
 import uvloop
 
 from bench.router_cpu import MODEL, REGIONS, drive, wait_for_workers
+from services.common import cli
 from services.common.clock import SYSTEM_CLOCK
 from services.edge.counters import EdgeCounters
 from services.edge.upstream.resilient_router import ResilientRouter
@@ -187,9 +188,19 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.router_cpu_ab", description=__doc__)
     p.add_argument("tree_a", type=Path, help="base source tree (with .venv and build/gen)")
     p.add_argument("tree_b", type=Path, help="changed source tree (with .venv and build/gen)")
-    p.add_argument("--rounds", type=int, default=8)
-    p.add_argument("--phase-s", type=float, default=3.0, help="length of each phase")
-    p.add_argument("--rate", type=float, default=200.0, help="requests per second")
+    p.add_argument("--rounds", type=cli.integer(1, 1000), default=8)
+    p.add_argument(
+        "--phase-s",
+        type=cli.finite_float(0, 3600, low_open=True),
+        default=3.0,
+        help="length of each phase",
+    )
+    p.add_argument(
+        "--rate",
+        type=cli.finite_float(0, 10_000, low_open=True),
+        default=200.0,
+        help="requests per second",
+    )
     p.add_argument("--transports", nargs="+", choices=["stream", "floor"], default=["stream"])
     args = p.parse_args(argv)
     if args.rounds < 1 or args.phase_s <= 0 or args.rate <= 0:

@@ -140,6 +140,11 @@ def system_prompt(conversation: int) -> str:
     return f"Conversation {conversation}. You are a helpful assistant. {words}"
 
 
+MAX_PLANNED_REQUESTS = 100_000
+"""The most requests a run may plan (``--rate`` x ``--duration``): the whole plan is built
+before the run, and a real stack on one machine serves far fewer in any sensible run."""
+
+
 def plan(rate: float, duration_s: float, seed: int) -> list[Ask]:
     rng = random.Random(seed)
     out: list[Ask] = []
@@ -572,9 +577,19 @@ def report(results: Sequence[Result], target_ms: float) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.routing_quality", description=__doc__)
-    p.add_argument("--rate", type=cli.positive_float, default=20.0, help="requests per second")
-    p.add_argument("--duration", type=cli.positive_float, default=15.0, help="seconds of traffic")
-    p.add_argument("--seed", type=int, default=7)
+    p.add_argument(
+        "--rate",
+        type=cli.finite_float(0, 1000, low_open=True),
+        default=20.0,
+        help="requests per second",
+    )
+    p.add_argument(
+        "--duration",
+        type=cli.finite_float(0, 3600, low_open=True),
+        default=15.0,
+        help="seconds of traffic",
+    )
+    p.add_argument("--seed", type=cli.integer(0), default=7)
     p.add_argument("--ttft-target-ms", type=cli.positive_float, default=150.0)
     p.add_argument(
         "--max-stall-ms",
@@ -597,6 +612,12 @@ def main(argv: list[str] | None = None) -> int:
         help="profile files under deploy/router/profiles (the first is Meridian's)",
     )
     args = p.parse_args(argv)
+    planned = args.rate * args.duration
+    if planned > MAX_PLANNED_REQUESTS:
+        p.error(
+            f"--rate x --duration plans {planned:,.0f} requests, more than "
+            f"{MAX_PLANNED_REQUESTS:,} (every one is planned before the run)"
+        )
     missing = [n for n in args.profiles if not (PROFILES_DIR / f"{n}.yaml").exists()]
     if missing:
         p.error(f"no such profile under {PROFILES_DIR}: {', '.join(missing)}")

@@ -16,6 +16,7 @@ import argparse
 import random
 import statistics
 
+from services.common import cli
 from services.worker.engine import ChatTurn, EngineRequest, SamplingOptions
 from services.worker.sim.config import SimConfig
 from services.worker.sim.scheduler import SimScheduler
@@ -97,11 +98,27 @@ def simulate(rate: float, seconds: float, config: SimConfig, seed: int) -> dict[
     }
 
 
+def _rates(value: str) -> list[float]:
+    """``--rates``: a comma list of request rates, each > 0 and at most 10,000/s."""
+    one = cli.finite_float(0, 10_000, low_open=True)
+    return [one(r.strip()) for r in value.split(",")]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
-    parser.add_argument("--seconds", type=float, default=60.0, help="simulated seconds of traffic")
-    parser.add_argument("--rates", default="2,5,10,20,40", help="request rates (req/s), comma list")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument(
+        "--seconds",
+        type=cli.finite_float(0, 86_400, low_open=True),
+        default=60.0,
+        help="simulated seconds of traffic",
+    )
+    parser.add_argument(
+        "--rates",
+        type=_rates,
+        default=_rates("2,5,10,20,40"),
+        help="request rates (req/s), comma list",
+    )
+    parser.add_argument("--seed", type=cli.integer(0), default=1)
     args = parser.parse_args()
     config = SimConfig()
     print(f"SimConfig defaults; {args.seconds:g} s of Poisson traffic per rate")
@@ -110,7 +127,7 @@ def main() -> None:
         f"{'batch':>6} {'queue':>6} {'kv max':>6} {'preempt':>7} {'hits':>5}"
     )
     print(header)
-    for rate in (float(r) for r in args.rates.split(",")):
+    for rate in args.rates:
         m = simulate(rate, args.seconds, config, args.seed)
         print(
             f"{rate:>6g} {m['requests']:>5.0f} {m['ttft_p50_ms']:>7.0f}ms"

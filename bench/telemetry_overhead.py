@@ -49,6 +49,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 from opentelemetry.trace import SpanKind
 
 from bench._edge import ONE_CLIENT_EDGE_ARGS
+from services.common import cli
 from services.common.tracecontext import extract_headers, inject_metadata
 from services.common.tracing.otlp_wire import encode_export_request
 from services.common.tracing.tracer import LeanTracer
@@ -416,12 +417,14 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--requests", type=int, default=500, help="per mode and round")
-    parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--rounds", type=int, default=8)
+    parser.add_argument(
+        "--requests", type=cli.integer(1, 1_000_000), default=500, help="per mode and round"
+    )
+    parser.add_argument("--concurrency", type=cli.integer(1, 1024), default=16)
+    parser.add_argument("--rounds", type=cli.integer(1, 1000), default=8)
     parser.add_argument(
         "--rate",
-        type=float,
+        type=cli.finite_float(0, 10_000),
         default=0.0,
         help="send requests at this fixed rate (req/s, open loop) instead of --concurrency "
         "closed loops: every mode does the same work per second (default: closed loops)",

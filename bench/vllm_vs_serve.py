@@ -70,6 +70,7 @@ import aiohttp
 import redis.asyncio as aioredis
 
 from bench._cpu import cpu_seconds, own_cpu_seconds
+from services.common import cli
 from services.common.clock import SYSTEM_CLOCK
 from services.common.net import free_port
 from services.edge.tenancy.apikeys import KeyHasher, load_pepper, new_pepper
@@ -584,14 +585,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--model-dir", type=Path, default=Path(tempfile.gettempdir()) / "meridian-tiny-llama"
     )
-    p.add_argument("--concurrency", type=int, default=8)
-    p.add_argument("--requests", type=int, default=96)
-    p.add_argument("--tokens", type=int, default=128)
-    p.add_argument("--warmup", type=int, default=16)
-    p.add_argument("--pairs", type=int, default=10, help="measured runs of each system")
+    p.add_argument("--concurrency", type=cli.integer(1, 1024), default=8)
+    p.add_argument("--requests", type=cli.integer(1, 1_000_000), default=96)
+    p.add_argument("--tokens", type=cli.integer(1, 200), default=128)
+    p.add_argument("--warmup", type=cli.integer(0, 100_000), default=16)
+    p.add_argument(
+        "--pairs", type=cli.integer(1, 1000), default=10, help="measured runs of each system"
+    )
     p.add_argument(
         "--router-stale-after-ms",
-        type=int,
+        type=cli.integer(1, 3_600_000),
         default=5000,
         help="the router's --stale-after-ms (its default is 600; see the module docstring)",
     )
