@@ -490,8 +490,12 @@ async def amain(args: argparse.Namespace) -> int:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.chaos", description=__doc__.split("\n")[0])
     p.add_argument("--scenario", action="append", choices=sorted(SCENARIOS))
-    p.add_argument("--streams", type=int, default=16, help="concurrent streams (64 on a big host)")
-    p.add_argument("--tokens", type=int, default=160, help="tokens per stream (256 on a big host)")
+    p.add_argument(
+        "--streams", type=cli.positive_int, default=16, help="concurrent streams (64 on a big host)"
+    )
+    p.add_argument(
+        "--tokens", type=cli.positive_int, default=160, help="tokens per stream (256 on a big host)"
+    )
     p.add_argument("--fault-after-s", type=cli.non_negative_float, default=1.0)
     p.add_argument(
         "--fault-s", type=cli.positive_float, default=3.0, help="how long a healing fault lasts"

@@ -16,6 +16,7 @@ import os
 import time
 from typing import Any
 
+from services.common import cli
 from services.edge.openai_types import parse_chat_request
 from services.edge.prompt import estimate_prompt_tokens
 
@@ -52,8 +53,8 @@ def best_us(raw: bytes, iterations: int, repeats: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--iterations", type=int, default=20000)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--iterations", type=cli.positive_int, default=20000)
+    parser.add_argument("--repeats", type=cli.positive_int, default=5)
     args = parser.parse_args()
     print(f"chat_features: load average {os.getloadavg()[0]:.1f}")
     base = {"model": "meridian-sim", "messages": MESSAGES, "max_tokens": 64, "stream": True}

@@ -25,6 +25,8 @@ import signal
 import sys
 from pathlib import Path
 
+from services.common import cli
+
 MAX_BODY = 1024 * 1024
 
 
@@ -234,12 +236,12 @@ def main(argv: list[str] | None = None) -> int:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     p.add_argument("--host", default="127.0.0.1")
-    p.add_argument("--port", type=int, default=0)
+    p.add_argument("--port", type=cli.integer(0, 65535), default=0)
     p.add_argument("--ready-file")
     p.add_argument("--model", default="fake-model")
-    p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--ttft-ms", type=float, default=20.0)
-    p.add_argument("--itl-ms", type=float, default=10.0)
+    p.add_argument("--tokens", type=cli.positive_int, default=64)
+    p.add_argument("--ttft-ms", type=cli.non_negative_float, default=20.0)
+    p.add_argument("--itl-ms", type=cli.non_negative_float, default=10.0)
     p.add_argument("--log-level", default="warning")  # accepted for ManagedProcess-style launch
     args = p.parse_args(argv)
     try:

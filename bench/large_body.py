@@ -18,6 +18,7 @@ from typing import Any, cast
 
 from aiohttp import web
 
+from services.common import cli
 from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
 from services.edge.dialects.chat import CHAT
@@ -68,9 +69,9 @@ async def longest_gap_ms(work: Any) -> tuple[float, float]:
 
 async def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--tools", type=int, default=128)
-    p.add_argument("--properties", type=int, default=500)
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--tools", type=cli.positive_int, default=128)
+    p.add_argument("--properties", type=cli.positive_int, default=500)
+    p.add_argument("--repeats", type=cli.positive_int, default=3)
     args = p.parse_args()
     raw = body(args.tools, args.properties)
     limits = RequestLimits(max_body_bytes=max(len(raw), 1024))

@@ -20,6 +20,7 @@ import time
 from collections.abc import AsyncIterator
 
 from meridian.v1 import worker_pb2
+from services.common import cli
 from services.edge.migration.resume import Delivered
 
 
@@ -63,8 +64,8 @@ async def amain(n: int, rounds: int) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m bench.migration_hotpath")
-    p.add_argument("--chunks", type=int, default=100_000)
-    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--chunks", type=cli.positive_int, default=100_000)
+    p.add_argument("--rounds", type=cli.positive_int, default=5)
     args = p.parse_args()
     asyncio.run(amain(args.chunks, args.rounds))
 

@@ -32,6 +32,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from time import perf_counter_ns, thread_time_ns
 
+from services.common import cli
 from services.common.clock import ManualClock
 from services.router.scheduling.framework import SchedulerProfile
 from services.router.scheduling.profile import load_profile
@@ -143,10 +144,14 @@ def percentile(samples: Sequence[float], q: float) -> float:
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--workers", type=int, nargs="+", default=[10, 100, 1000])
-    p.add_argument("--calls", type=int, default=3000, help="decisions per steady/churn row")
-    p.add_argument("--cold-calls", type=int, default=300, help="decisions per cold row")
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--workers", type=cli.positive_int, nargs="+", default=[10, 100, 1000])
+    p.add_argument(
+        "--calls", type=cli.positive_int, default=3000, help="decisions per steady/churn row"
+    )
+    p.add_argument(
+        "--cold-calls", type=cli.positive_int, default=300, help="decisions per cold row"
+    )
+    p.add_argument("--seed", type=cli.integer(0), default=1)
     p.add_argument("--profile", type=Path, default=PROFILE)
     args = p.parse_args(argv)
 

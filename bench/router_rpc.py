@@ -35,6 +35,7 @@ from pathlib import Path
 import uvloop
 
 from meridian.v1 import router_pb2, router_pb2_grpc, worker_pb2
+from services.common import cli
 from services.common.clock import SYSTEM_CLOCK
 from services.common.grpcutil import insecure_channel, new_server
 from services.router.fleet import Fleet, FleetConfig
@@ -193,13 +194,13 @@ def run_one(n: int, calls: int, warmup: int, seed: int, period_s: float) -> Figu
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.router_rpc", description=__doc__)
-    p.add_argument("--workers", type=int, nargs="+", default=[10, 100, 1000])
-    p.add_argument("--calls", type=int, default=3000)
-    p.add_argument("--warmup", type=int, default=300)
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--workers", type=cli.positive_int, nargs="+", default=[10, 100, 1000])
+    p.add_argument("--calls", type=cli.positive_int, default=3000)
+    p.add_argument("--warmup", type=cli.integer(0), default=300)
+    p.add_argument("--seed", type=cli.integer(0), default=1)
     p.add_argument(
         "--report-period-ms",
-        type=int,
+        type=cli.positive_int,
         default=1000,
         help="each worker's load-report period (1000: a large fleet's setting; the CLI "
         "default is 100)",

@@ -60,6 +60,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 
 from bench._cpu import cpu_seconds
 from meridian.v1 import worker_pb2
+from services.common import cli
 from services.common.grpcutil import insecure_channel, new_server
 
 ITL_S = 0.010
@@ -652,13 +653,13 @@ def run_one(
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.token_framing", description=__doc__)
-    p.add_argument("--streams", type=int, nargs="+", default=[8, 32, 128])
-    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--streams", type=cli.positive_int, nargs="+", default=[8, 32, 128])
+    p.add_argument("--tokens", type=cli.positive_int, default=64)
     p.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--warmup-s", type=float, default=1.0)
-    p.add_argument("--window-s", type=float, default=2.0)
-    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--repeats", type=cli.positive_int, default=3)
+    p.add_argument("--warmup-s", type=cli.positive_float, default=1.0)
+    p.add_argument("--window-s", type=cli.positive_float, default=2.0)
+    p.add_argument("--seed", type=cli.integer(0), default=1)
     p.add_argument(
         "--no-sink",
         dest="sink",

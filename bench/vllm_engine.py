@@ -22,6 +22,7 @@ import uuid
 from contextlib import aclosing
 from pathlib import Path
 
+from services.common import cli
 from services.worker.engine import ChatTurn, EngineRequest, SamplingOptions
 from services.worker.vllm.config import VllmConfig
 from services.worker.vllm.engine import VllmEngine
@@ -125,8 +126,8 @@ def parse_args() -> argparse.Namespace:
     p.add_argument(
         "--concurrency", type=lambda s: [int(x) for x in s.split(",")], default=[1, 4, 8, 16]
     )
-    p.add_argument("--tokens", type=int, default=32)
-    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--tokens", type=cli.positive_int, default=32)
+    p.add_argument("--rounds", type=cli.positive_int, default=3)
     return p.parse_args()
 
 

@@ -29,6 +29,7 @@ from contextlib import aclosing
 from pathlib import Path
 from typing import Any
 
+from services.common import cli
 from services.worker.engine import (
     ChatTurn,
     EngineRequest,
@@ -136,6 +137,6 @@ def _format(tag: str) -> ResponseFormat:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model-dir", type=Path, default=Path(tempfile.gettempdir()) / "tiny")
-    parser.add_argument("--rounds", type=int, default=7)
-    parser.add_argument("--tokens", type=int, default=16)
+    parser.add_argument("--rounds", type=cli.positive_int, default=7)
+    parser.add_argument("--tokens", type=cli.positive_int, default=16)
     asyncio.run(main(parser.parse_args()))

@@ -73,8 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     g = p.add_argument_group("model")
     g.add_argument("--model", help="vllm: path or name of the weights; sim: served model name")
     g.add_argument("--served-model-name", help="the name clients ask for (default: --model)")
-    g.add_argument("--max-model-len", type=int, help="context length in tokens")
-    g.add_argument("--max-num-seqs", type=int, help="max concurrent sequences in a batch")
+    g.add_argument("--max-model-len", type=cli.integer(1), help="context length in tokens")
+    g.add_argument(
+        "--max-num-seqs", type=cli.integer(1), help="max concurrent sequences in a batch"
+    )
     v = p.add_argument_group("vllm engine")
     v.add_argument("--dtype", default="auto")
     v.add_argument(
@@ -82,7 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
         type=cli.finite_float(0, 1, low_open=True),
         help="the share of the GPU's memory vLLM may use, in (0, 1]",
     )
-    v.add_argument("--tensor-parallel-size", type=int, default=1)
+    v.add_argument("--tensor-parallel-size", type=cli.integer(1, 1024), default=1)
     v.add_argument("--enforce-eager", action="store_true")
     v.add_argument("--no-prefix-caching", action="store_true")
     v.add_argument("--scheduling-policy", choices=["fcfs", "priority"])

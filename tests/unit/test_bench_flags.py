@@ -48,6 +48,11 @@ ROOT = Path(__file__).resolve().parents[2]
         (["bench.console_idle", "--rate", "nan"], "argument --rate: must be a finite number"),
         (["bench.telemetry_overhead", "--rounds", "0"], "argument --rounds: must be within"),
         (["bench.vllm_vs_serve", "--pairs", "x"], "argument --pairs: 'x' is not an integer"),
+        (["bench.fake_openai", "--port", "70000"], "argument --port: must be within [0, 65535]"),
+        (["bench.token_framing", "--window-s", "nan"], "argument --window-s: must be a finite"),
+        (["bench.router_rpc", "--calls", "0"], "argument --calls: must be >= 1, got 0"),
+        (["bench.chaos", "--streams", "-2"], "argument --streams: must be >= 1, got -2"),
+        (["services.localstack.compose", "chaos", "--clients", "0"], "argument --clients: must be"),
     ],
 )
 def test_a_benchmark_refuses_a_bad_flag_before_it_starts(

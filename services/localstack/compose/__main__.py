@@ -48,8 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     chaos.add_argument(
         "--scenario", action="append", choices=sorted(SCENARIOS), help="repeatable (default: all)"
     )
-    chaos.add_argument("--clients", type=int, default=8)
-    chaos.add_argument("--max-tokens", type=int, default=64)
+    chaos.add_argument("--clients", type=cli.positive_int, default=8)
+    chaos.add_argument("--max-tokens", type=cli.positive_int, default=64)
     chaos.add_argument("--fault-s", type=cli.positive_float, default=6.0)
     return parser
 
