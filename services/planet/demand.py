@@ -232,7 +232,8 @@ class Demand:
             arrived=t,
             prompt=prompt,
             output=output,
-            max_tokens=mix.max_tokens,
+            # within the context, as the prompt is: more would be refused (400) by the worker
+            max_tokens=min(mix.max_tokens, limit - prompt),
             allowed=allowed,
             chain=chain,
             extend_key=ckey,

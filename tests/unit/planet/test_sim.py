@@ -224,3 +224,18 @@ def test_a_trace_request_longer_than_the_context_is_refused_as_the_worker_would(
     assert m.refused == {("standard", "context_length_exceeded"): 2}
     assert m.ttft[("site", "seoul")].count == 1  # the short one was served
     assert planet.open == 0  # nothing left waiting in an engine for ever
+
+
+def test_mix_requests_fit_the_context_as_a_client_trims_them(small: dict[str, Any]) -> None:
+    """Long conversations near a small context: the simulated clients trim the prompt and
+    ask for no more than the room left (max_tokens 4096 > the 2,048 context), so the
+    workers refuse none of them."""
+    small["fleet"]["gpus"]["small"]["max_model_len"] = 2048
+    small["traffic"]["mixes"][0].update(prompt_tokens={"median": 1500, "sigma": 0.5})
+    small["traffic"]["mixes"][0]["continue_p"] = 0.9
+    small["duration_s"] = 10
+    planet = Planet(build(small, source="s.yaml", base=ROOT))
+    stats = planet.run()
+    assert stats.requests > 100
+    assert not any(reason == "context_length_exceeded" for _, reason in planet.metrics.refused)
+    assert sum(h.count for (kind, _), h in planet.metrics.ttft.items() if kind == "all") > 100
