@@ -12,4 +12,8 @@ import sys
 from services.planet.main import main
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except KeyboardInterrupt:  # before a run started (loading, checking): nothing to report
+        print("interrupted", file=sys.stderr)
+        sys.exit(130)

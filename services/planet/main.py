@@ -264,24 +264,46 @@ def main(argv: Sequence[str] | None = None) -> int:
             "hours and the hotspot factors multiply together); the report will be empty",
             file=sys.stderr,
         )
-    results = []
-    for prof in profiles or [sc.router.profile]:
-        label = prof.stem
-        results.append(run_one(sc, prof, not args.no_progress, label))
-        r = results[-1]
-        print(
-            f"{label:<16} TTFT p50 {r['ttft_ms']['p50']:>7.0f} ms  "
-            f"p99 {r['ttft_ms']['p99']:>7.0f} ms  "
-            f"goodput {100 * r['goodput']:5.1f} %  refused {r['refused_total']:>6}  "
-            f"residency violations {r['residency_violations']}  "
-            f"oscillation {r['oscillation']:.3f}  "
-            f"{r['run']['simulated_requests_per_wall_s']:,.0f} req/wall-s  "
-            f"{r['run']['simulated_requests_per_cpu_s']:,.0f} req/CPU-s  "
-            f"RSS {r['run']['peak_rss_mib']:,.0f} MiB"
-        )
-    write_json(results, args.out / "results.json")
-    path = write_markdown(results, args.out)
+    results: list[dict[str, Any]] = []
+    interrupted = False
+    try:
+        for prof in profiles or [sc.router.profile]:
+            label = prof.stem
+            results.append(run_one(sc, prof, not args.no_progress, label))
+            r = results[-1]
+            print(
+                f"{label:<16} TTFT p50 {r['ttft_ms']['p50']:>7.0f} ms  "
+                f"p99 {r['ttft_ms']['p99']:>7.0f} ms  "
+                f"goodput {100 * r['goodput']:5.1f} %  refused {r['refused_total']:>6}  "
+                f"residency violations {r['residency_violations']}  "
+                f"oscillation {r['oscillation']:.3f}  "
+                f"{r['run']['simulated_requests_per_wall_s'] or 0:,.0f} req/wall-s  "
+                f"{r['run']['simulated_requests_per_cpu_s'] or 0:,.0f} req/CPU-s  "
+                f"RSS {r['run']['peak_rss_mib']:,.0f} MiB"
+            )
+            stopped = r["run"]["interrupted_at_s"]
+            if stopped is not None:
+                interrupted = True
+                print(
+                    f"interrupted at {stopped:,.1f} s of {sc.duration_s:g} s simulated "
+                    f"({label}); the report covers what ran",
+                    file=sys.stderr,
+                )
+                break
+    except KeyboardInterrupt:  # outside a run's event loop (building the world, summarising)
+        interrupted = True
+        print("interrupted", file=sys.stderr)
+    if not results:
+        return 130
+    try:
+        write_json(results, args.out / "results.json")
+        path = write_markdown(results, args.out)
+    except KeyboardInterrupt:
+        print("interrupted while writing the report", file=sys.stderr)
+        return 130
     print(f"report: {path}  (JSON: {args.out / 'results.json'})")
+    if interrupted:
+        return 130
     if len(results) > 1:
         ours, rest = results[0], results[1:]
         best99 = min(rest, key=lambda r: r["ttft_ms"]["p99"])

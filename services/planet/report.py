@@ -116,6 +116,8 @@ def summarise(planet: Planet, stats: RunStats, profile_name: str) -> dict[str, A
             "peak_rss_mib": round(stats.peak_rss_mib, 1),
             "memory_estimate_mib": round(est, 1),
             "memory_breakdown": breakdown,
+            # Ctrl-C: the simulated time it stopped at (what ran is summarised), else None
+            "interrupted_at_s": planet.interrupted_at,
         },
     }
 
@@ -241,6 +243,12 @@ def write_markdown(results: list[dict[str, Any]], out: Path) -> Path:
                 + ", ".join(f"{k} {v:,}" for k, v in r["refused"].items()),
             ]
         run = r["run"]
+        if run.get("interrupted_at_s") is not None:
+            lines += [
+                "",
+                f"**Interrupted** (Ctrl-C) at {run['interrupted_at_s']:,.1f} s of "
+                f"{r['duration_s']:g} s simulated: these figures cover what ran.",
+            ]
         lines += [
             "",
             f"Run: {run['wall_s']:,} s wall ({run.get('cpu_s', '?')} s CPU), "

@@ -196,6 +196,7 @@ class Planet:
         self.seq = itertools.count()
         self.decisions = 0
         self.open = 0  # requests neither finished nor given up
+        self.interrupted_at: float | None = None  # simulated time of a Ctrl-C
         self.requests = 0
         self.events = 0
         self._bg_rid = itertools.count(-1, -1)
@@ -313,34 +314,38 @@ class Planet:
         end = sc.duration_s
         drain_until = end + 600.0  # let streams in flight finish (bounded)
         pop = heapq.heappop
-        while heap:
-            t, _, kind, a, b = pop(heap)
-            if t > drain_until:
-                break
-            self.events += 1
-            if kind == WAKE:
-                eng = self.engines[a]
-                if eng.version == b:
-                    eng.wake(t)
-                    self._after_engine(a, t)
-            elif kind == REPORT:
-                if self.report_version[a] == b:
-                    self._report(a, t)
-            elif kind == ARRIVE:
-                self._arrive(a, t)
-            elif kind == DELIVER:
-                self._deliver(a, b, t)
-            elif kind == FAILBACK:
-                self._failback(a, t)
-            elif kind == FAULT:
-                self._fault(sc.events[a], b, t)
-            elif kind == TICK:
-                if t <= end:
-                    self._tick(a, t)
-                elif self.open == 0:
+        t = 0.0
+        try:
+            while heap:
+                t, _, kind, a, b = pop(heap)
+                if t > drain_until:
                     break
-                else:
-                    self.push(t + 1.0, TICK, a + 1)
+                self.events += 1
+                if kind == WAKE:
+                    eng = self.engines[a]
+                    if eng.version == b:
+                        eng.wake(t)
+                        self._after_engine(a, t)
+                elif kind == REPORT:
+                    if self.report_version[a] == b:
+                        self._report(a, t)
+                elif kind == ARRIVE:
+                    self._arrive(a, t)
+                elif kind == DELIVER:
+                    self._deliver(a, b, t)
+                elif kind == FAILBACK:
+                    self._failback(a, t)
+                elif kind == FAULT:
+                    self._fault(sc.events[a], b, t)
+                elif kind == TICK:
+                    if t <= end:
+                        self._tick(a, t)
+                    elif self.open == 0:
+                        break
+                    else:
+                        self.push(t + 1.0, TICK, a + 1)
+        except KeyboardInterrupt:  # Ctrl-C: stop here; what ran is still summarised
+            self.interrupted_at = t
         wall = time.perf_counter() - started
         cpu = time.process_time() - cpu_started
         rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0

@@ -637,3 +637,45 @@ def test_a_trace_with_rate_or_mixes_beside_it_names_what_it_would_ignore(
     found = problems_at(small, tmp_path)
     why = "not used with a trace (its records say when, where and what)"
     assert found == tuple(f"traffic.{k}: {why}" for k in ("rate_per_s", "mixes", "tenants"))
+
+
+def test_ctrl_c_stops_the_run_and_writes_the_report_of_what_ran(
+    tmp_path: Path, small: dict[str, Any]
+) -> None:
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = write_small(tmp_path, {**small, "duration_s": 100_000})  # far longer than the test
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'build' / 'gen'}"}
+    argv = [sys.executable, "-m", "bench.planet", "--scenario", str(path), "--out", str(out),
+            "--profiles", "default", "round-robin", "--no-progress"]  # fmt: skip
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # a shell's background job ignores SIGINT, and a child would inherit that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert proc.stderr is not None
+    header = proc.stderr.readline()  # printed once the scenario is loaded and checked
+    assert "requests per profile" in header
+    time.sleep(2.0)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    assert "interrupted at " in stderr
+    assert "round-robin" not in stdout  # the next profile did not start
+    result = json.loads((out / "results.json").read_text())
+    stopped = result["run"]["interrupted_at_s"]
+    assert 0 < stopped < 100_000
+    assert result["requests"] > 0
+    assert "**Interrupted** (Ctrl-C) at" in (out / "report.md").read_text()
