@@ -69,3 +69,27 @@ def test_a_benchmark_refuses_a_bad_flag_before_it_starts(
     assert problem in done.stderr
     assert "Traceback" not in done.stderr
     assert (tmp_path / "file").read_text() == "keep me"
+
+
+def test_ctrl_c_ends_a_benchmark_in_one_line_as_interrupted() -> None:
+    import signal
+    import time
+
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'build' / 'gen'}"}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "bench.sim_engine", "--seconds", "86400", "--rates", "40"],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        # a shell's background job ignores SIGINT, and a child would inherit that
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline().startswith("SimConfig defaults")  # it is running
+    time.sleep(0.5)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    assert stderr == "interrupted\n"
+    assert proc.returncode == -signal.SIGINT  # ended by the signal: 130 in a shell
