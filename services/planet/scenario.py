@@ -38,6 +38,7 @@ from services.planet.world import (
     Region,
     Site,
     calibrate,
+    name_problem,
     read_calibration,
     read_regions,
     read_sites,
@@ -275,6 +276,15 @@ def build(doc: Any, *, source: str, base: Path, shortened: bool = False) -> Scen
     return scenario
 
 
+def _word(node: Node, default: str | None = None, *, zone: bool = False) -> str:
+    """A region code, site name or zone (``world.name_problem`` says what one may be)."""
+    value = node.string(default)
+    problem = name_problem(value, zone=zone) if value else None
+    if problem is not None:
+        node.fail(problem)
+    return value
+
+
 class _UniqueNames:
     """Names that must differ (tenants, mixes: hotspots and the report find them by name)."""
 
@@ -443,7 +453,7 @@ class _Builder:
         out: dict[str, Region] = {}
         for el in node.elements():
             if el.mapping(("code", "provider", "city", "lat", "lon", "zone")):
-                code = el.get("code").string()
+                code = _word(el.get("code"))
                 if code in out:
                     el.get("code").fail(f"region {code!r} listed twice")
                 out[code] = Region(
@@ -452,7 +462,7 @@ class _Builder:
                     city=el.get("city").string(code),
                     lat=el.get("lat").number(lo=-90, hi=90),
                     lon=el.get("lon").number(lo=-180, hi=180),
-                    zone=el.get("zone").string(code),
+                    zone=_word(el.get("zone"), code, zone=True),
                 )
         return out
 
@@ -460,7 +470,7 @@ class _Builder:
         out: dict[str, Site] = {}
         for el in node.elements():
             if el.mapping(("name", "lat", "lon", "utc_offset_h", "population_m", "zone")):
-                name = el.get("name").string()
+                name = _word(el.get("name"))
                 if name in out:
                     el.get("name").fail(f"site {name!r} listed twice")
                 out[name] = Site(
@@ -469,7 +479,7 @@ class _Builder:
                     lon=el.get("lon").number(lo=-180, hi=180),
                     utc_offset_h=el.get("utc_offset_h").number(0.0, lo=-12, hi=14),
                     population_m=el.get("population_m").number(1.0, lo=0, hi=1000),
-                    zone=el.get("zone").string(name),
+                    zone=_word(el.get("zone"), name, zone=True),
                 )
         return out
 

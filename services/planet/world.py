@@ -42,16 +42,45 @@ class Site:
     zone: str
 
 
+RESERVED_ZONES = ("local", "any")
+"""Words a tenant's ``residency`` gives a meaning of their own: no zone may be called so."""
+
+
+def name_problem(value: str, *, zone: bool = False) -> str | None:
+    """Why ``value`` cannot name a region, site or zone (None if it can): one word of at most
+    64 printable characters. They key the router's views, the report's tables and tenants'
+    residency lists, where a blank, a space, a '|' or a control character would be a silent
+    mismatch or a broken table."""
+    if not value:
+        return "must not be empty"
+    if len(value) > 64 or not value.isprintable() or any(c.isspace() or c == "|" for c in value):
+        return f"must be one word of at most 64 printable characters, got {value!r}"
+    if zone and value in RESERVED_ZONES:
+        return f"{value!r} is reserved (a tenant's residency uses it), choose another zone name"
+    return None
+
+
+def _word(path: Path, line: int, row: dict[str, str], key: str, *, zone: bool = False) -> str:
+    value = row[key].strip()
+    problem = name_problem(value, zone=zone)
+    if problem is not None:
+        raise ScenarioError(str(path), [f"line {line}: {key} {problem}"])
+    return value
+
+
 def _rows(path: Path, columns: tuple[str, ...]) -> Iterator[tuple[int, dict[str, str]]]:
     """Data rows of a CSV table whose comment lines start with '#', with line numbers."""
     try:
         text = read_text(path)
     except UnreadableFile as err:  # missing, a directory, not UTF-8, ...
         raise ScenarioError(str(path), [f"cannot read: {err.reason}"]) from None
+    text = text.removeprefix("\ufeff")  # the byte-order mark spreadsheets write
     lines = [(i + 1, line) for i, line in enumerate(text.splitlines())]
     data = [(n, line) for n, line in lines if line.strip() and not line.startswith("#")]
     if not data:
         raise ScenarioError(str(path), ["empty table"])
+    if len(data) == 1:
+        raise ScenarioError(str(path), [f"line {data[0][0]}: a header and no rows"])
     header_line, header = data[0]
     names = tuple(next(csv.reader([header])))
     if names != columns:
@@ -78,7 +107,7 @@ def _number(path: Path, line: int, row: dict[str, str], key: str, lo: float, hi:
 def read_regions(path: Path) -> dict[str, Region]:
     out: dict[str, Region] = {}
     for n, row in _rows(path, ("provider", "code", "city", "lat", "lon", "zone")):
-        code = row["code"].strip()
+        code = _word(path, n, row, "code")
         if code in out:
             raise ScenarioError(str(path), [f"line {n}: region {code!r} listed twice"])
         out[code] = Region(
@@ -87,7 +116,7 @@ def read_regions(path: Path) -> dict[str, Region]:
             city=row["city"].strip(),
             lat=_number(path, n, row, "lat", -90, 90),
             lon=_number(path, n, row, "lon", -180, 180),
-            zone=row["zone"].strip(),
+            zone=_word(path, n, row, "zone", zone=True),
         )
     return out
 
@@ -96,7 +125,7 @@ def read_sites(path: Path) -> dict[str, Site]:
     out: dict[str, Site] = {}
     columns = ("name", "lat", "lon", "utc_offset_h", "population_m", "zone")
     for n, row in _rows(path, columns):
-        name = row["name"].strip()
+        name = _word(path, n, row, "name")
         if name in out:
             raise ScenarioError(str(path), [f"line {n}: site {name!r} listed twice"])
         out[name] = Site(
@@ -105,7 +134,7 @@ def read_sites(path: Path) -> dict[str, Site]:
             lon=_number(path, n, row, "lon", -180, 180),
             utc_offset_h=_number(path, n, row, "utc_offset_h", -12, 14),
             population_m=_number(path, n, row, "population_m", 0, 1000),
-            zone=row["zone"].strip(),
+            zone=_word(path, n, row, "zone", zone=True),
         )
     return out
 

@@ -679,3 +679,66 @@ def test_ctrl_c_stops_the_run_and_writes_the_report_of_what_ran(
     assert 0 < stopped < 100_000
     assert result["requests"] > 0
     assert "**Interrupted** (Ctrl-C) at" in (out / "report.md").read_text()
+
+
+REGIONS_HEADER = "provider,code,city,lat,lon,zone\n"
+WORD = "must be one word of at most 64 printable characters, got"
+RESERVED = "is reserved (a tenant's residency uses it), choose another zone name"
+
+
+@pytest.mark.parametrize(
+    ("rows", "problem"),
+    [
+        ("", "line 1: a header and no rows"),
+        ("aws,,Seoul,37.5,127,kr\n", "line 2: code must not be empty"),
+        ("aws,kr\x00,Seoul,37.5,127,kr\n", f"line 2: code {WORD} 'kr\\x00'"),
+        ("aws,k r,Seoul,37.5,127,kr\n", f"line 2: code {WORD} 'k r'"),
+        ("aws,kr,Seoul,37.5,127,\n", "line 2: zone must not be empty"),
+        ("aws,kr,Seoul,37.5,127,local\n", f"line 2: zone 'local' {RESERVED}"),
+        ("aws,kr,Seoul,37.5,127,any\n", f"line 2: zone 'any' {RESERVED}"),
+    ],
+)
+def test_a_region_table_with_a_name_that_cannot_key_anything_is_refused_naming_the_line(
+    tmp_path: Path, small: dict[str, Any], rows: str, problem: str
+) -> None:
+    (tmp_path / "regions.csv").write_text(REGIONS_HEADER + rows)
+    small["world"]["regions"] = "regions.csv"
+    assert problems_at(small, tmp_path) == (f"world ({tmp_path / 'regions.csv'}): {problem}",)
+
+
+def test_a_region_table_a_spreadsheet_saved_with_a_byte_order_mark_is_read(
+    tmp_path: Path, small: dict[str, Any]
+) -> None:
+    table = REGIONS_HEADER + "".join(
+        f"custom,{r['code']},{r['code']},{r['lat']},{r['lon']},{r['zone']}\n"
+        for r in small["world"]["regions"]
+    )
+    (tmp_path / "regions.csv").write_text("\ufeff" + table, encoding="utf-8")
+    small["world"]["regions"] = "regions.csv"
+    sc = build(small, source="s.yaml", base=tmp_path)
+    assert sorted(sc.regions) == ["jp", "kr", "us"]
+
+
+@pytest.mark.parametrize(
+    ("edit", "problem"),
+    [
+        (
+            lambda d: d["world"]["regions"][0].update(code="k|r"),
+            "world.regions[0].code: must be one word of at most 64 printable characters",
+        ),
+        (
+            lambda d: d["world"]["sites"][0].update(zone="local"),
+            "world.sites[0].zone: 'local' is reserved",
+        ),
+        (
+            lambda d: d["world"]["sites"][1].update(name="tok\nyo"),
+            "world.sites[1].name: must be one word",
+        ),
+    ],
+)
+def test_an_inline_world_name_that_cannot_key_anything_is_refused(
+    small: dict[str, Any], edit: Any, problem: str
+) -> None:
+    edit(small)
+    found = problems(small)
+    assert any(p.startswith(problem) for p in found), found
