@@ -113,7 +113,7 @@ def output_dir(value: str) -> Path:
     if path.exists():
         if not path.is_dir():
             raise argparse.ArgumentTypeError(f"{value!r} is not a directory")
-        if not os.access(path, os.W_OK | os.X_OK):
+        if not os.access(path, os.W_OK | os.X_OK) or _cannot_write_in(path):
             raise argparse.ArgumentTypeError(f"directory {value!r} is not writable")
         return path
     if path.is_symlink():
@@ -121,11 +121,37 @@ def output_dir(value: str) -> Path:
     ancestor = next(a for a in path.absolute().parents if a.exists())
     if not ancestor.is_dir():
         raise argparse.ArgumentTypeError(f"cannot create {value!r}: {str(ancestor)!r} is a file")
-    if not os.access(ancestor, os.W_OK | os.X_OK):
+    why = "is not writable" if not os.access(ancestor, os.W_OK | os.X_OK) else None
+    why = why or _cannot_make_in(ancestor)
+    if why:
         raise argparse.ArgumentTypeError(
-            f"cannot create {value!r}: directory {str(ancestor)!r} is not writable"
+            f"cannot create {value!r}: directory {str(ancestor)!r} {why}"
         )
     return path
+
+
+def _cannot_write_in(folder: Path) -> bool:
+    """Whether creating a file in ``folder`` fails: ``os.access`` says yes to root everywhere,
+    and to anyone on a read-only mount it cannot see (a probe file, removed at once)."""
+    import tempfile
+
+    try:
+        with tempfile.TemporaryFile(dir=folder):
+            return False
+    except OSError:
+        return True
+
+
+def _cannot_make_in(folder: Path) -> str | None:
+    """Why a folder cannot be made in ``folder`` (``/proc``, a read-only mount: ``os.access``
+    cannot tell root), or None: a probe folder, removed at once, so a bad flag leaves no trace."""
+    import tempfile
+
+    try:
+        os.rmdir(tempfile.mkdtemp(dir=folder, prefix=".probe-"))
+    except OSError as err:
+        return f"refuses new folders ({err.strerror or err})"
+    return None
 
 
 MAX_INPUT_BYTES = 16 * 1024 * 1024

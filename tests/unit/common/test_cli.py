@@ -168,6 +168,20 @@ def test_an_output_dir_that_cannot_be_a_folder_is_refused(
         cli.output_dir(str(tmp_path / where))
 
 
+@pytest.mark.parametrize("where", ["/proc/meridian-test", "/proc/meridian-test/deeper"])
+def test_an_output_dir_the_kernel_refuses_is_refused_even_for_root(where: str) -> None:
+    # os.access says "writable" to root for /proc; only trying tells (others: not writable)
+    why = "directory '/proc' (refuses new folders|is not writable)"
+    with pytest.raises(argparse.ArgumentTypeError, match=why):
+        cli.output_dir(where)
+
+
+def test_checking_an_output_dir_leaves_nothing_behind(tmp_path: Path) -> None:
+    assert cli.output_dir(str(tmp_path / "new" / "deeper")) == tmp_path / "new" / "deeper"
+    assert cli.output_dir(str(tmp_path)) == tmp_path
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_an_empty_output_dir_is_refused() -> None:
     with pytest.raises(argparse.ArgumentTypeError, match="expected a folder"):
         cli.output_dir("")

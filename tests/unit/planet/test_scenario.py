@@ -460,7 +460,7 @@ def test_an_out_folder_that_cannot_be_made_exits_2_before_the_run(
         main([*argv, "--no-progress", "--out", "/proc/meridian-planet-test/report"])
     assert exit_.value.code == 2
     err = capsys.readouterr().err
-    assert "argument --out: cannot write to '/proc/meridian-planet-test/report'" in err
+    assert "argument --out: cannot create '/proc/meridian-planet-test/report'" in err
     assert "Traceback" not in err
     assert ran == []
 
