@@ -38,7 +38,7 @@ def output_file(value: str) -> Path:
         raise argparse.ArgumentTypeError(f"{value!r} is a directory, not a file")
     if not parent.is_dir():
         raise argparse.ArgumentTypeError(f"{str(parent)!r} is not an existing directory")
-    if not os.access(parent, os.W_OK | os.X_OK):
+    if not os.access(parent, os.W_OK | os.X_OK) or _cannot_write_in(parent):
         raise argparse.ArgumentTypeError(f"directory {str(parent)!r} is not writable")
     return path
 

@@ -176,6 +176,11 @@ def test_an_output_dir_the_kernel_refuses_is_refused_even_for_root(where: str) -
         cli.output_dir(where)
 
 
+def test_an_output_file_where_the_kernel_refuses_files_is_refused_even_for_root() -> None:
+    with pytest.raises(argparse.ArgumentTypeError, match="directory '/proc' is not writable"):
+        cli.output_file("/proc/meridian-test.ready")
+
+
 def test_checking_an_output_dir_leaves_nothing_behind(tmp_path: Path) -> None:
     assert cli.output_dir(str(tmp_path / "new" / "deeper")) == tmp_path / "new" / "deeper"
     assert cli.output_dir(str(tmp_path)) == tmp_path
