@@ -136,6 +136,10 @@ def combine(paths: list[Path], out: Path, p: argparse.ArgumentParser) -> int:
             results.append(read_result(result))
     if not results:
         p.error("--combine: the files hold no results")
+    runs = {(r["scenario"], r["source"], r["duration_s"], r["engine"]) for r in results}
+    if len(runs) > 1:  # one comparison table of different worlds would mislead
+        listed = "; ".join(f"{n} ({src}, {d:g} s, {e})" for n, src, d, e in sorted(runs))
+        p.error(f"--combine: the results are of different runs, not comparable: {listed}")
     prepare_out(out, p)
     try:  # the report first: a malformed nested value must not overwrite a good results.json
         report = write_markdown(results, out)

@@ -742,3 +742,23 @@ def test_an_inline_world_name_that_cannot_key_anything_is_refused(
     edit(small)
     found = problems(small)
     assert any(p.startswith(problem) for p in found), found
+
+
+def test_combine_refuses_results_of_different_scenarios_or_lengths(
+    tmp_path: Path, small: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    short = tmp_path / "short"
+    path = write_small(tmp_path, {**small, "duration_s": 2})
+    assert main(["--scenario", str(path), "--no-progress", "--out", str(short)]) == 0
+    longer = tmp_path / "longer"
+    argv = ["--scenario", str(path), "--no-progress", "--out", str(longer), "--duration", "3"]
+    assert main(argv) == 0
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit_:
+        main(["--combine", str(short / "results.json"), str(longer / "results.json"),
+              "--out", str(tmp_path / "both")])  # fmt: skip
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert "--combine: the results are of different runs, not comparable: small (" in err
+    assert "2 s, fast); small (" in err
+    assert not (tmp_path / "both").exists()
