@@ -383,7 +383,6 @@ def test_the_worker_command_line_rejects_bad_upstream_flags(tmp_path: Path) -> N
         ("--upstream-url", "ftp://x/v1"): "--upstream-url 'ftp://x/v1': the scheme",
         ("--upstream-url", "http://u:p@x/v1"): "--upstream-url must not carry credentials",
         ("--upstream-url", "http://x:99999/v1"): "--upstream-url",
-        ("--upstream-url", "http://x/v1", "--max-num-seqs", "0"): "--max-num-seqs",
         (
             "--upstream-url",
             "http://x/v1",
@@ -397,6 +396,10 @@ def test_the_worker_command_line_rejects_bad_upstream_flags(tmp_path: Path) -> N
     for timeout in ("0", "nan", "inf"):  # refused by the flag's own type: argparse's exit 2
         with pytest.raises(SystemExit) as exited:
             parser.parse_args([*base, "--upstream-url", "x", "--upstream-timeout-s", timeout])
+        assert exited.value.code == 2
+    for flag in ("--max-num-seqs", "--max-model-len"):  # counts: >= 1, by their types too
+        with pytest.raises(SystemExit) as exited:
+            parser.parse_args([*base, "--upstream-url", "http://x/v1", flag, "0"])
         assert exited.value.code == 2
     empty = tmp_path / "empty"
     empty.write_text("\n")
