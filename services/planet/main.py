@@ -3,6 +3,7 @@
     python -m bench.planet --scenario deploy/sim/planet.yaml \\
         [--profiles default round-robin nearest-region least-loaded power-of-two] \\
         [--duration 600] [--engine fast|exact] [--out bench/results/planet] [--no-progress]
+        [--jobs 5]                            # profiles side by side, a process each
     python -m bench.planet --calibration      # the RTT model's fit to published measurements
 
 Bad flags exit 2 naming the flag; a bad scenario exits 2 with every problem located; a scenario
@@ -12,8 +13,9 @@ that would not fit in memory is refused before it starts, with the estimate.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -71,31 +73,58 @@ def check_profiles(paths: Sequence[Path]) -> str | None:
     return None
 
 
-def run_one(sc: Scenario, profile: Path, progress: bool, label: str) -> dict[str, Any]:
+def run_one(
+    sc: Scenario, profile: Path, label: str, progress: Callable[[float], None] | None
+) -> dict[str, Any]:
+    """One profile's run, summarised; ``progress`` is called with the simulated time."""
     from services.planet.report import summarise
     from services.planet.sim import Planet
 
-    bar = None
-    callback = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(
-            total=round(sc.duration_s), unit="sim s", desc=label, leave=True, file=sys.stderr
-        )
-        state = {"t": 0}
-
-        def callback(t: float) -> None:
-            n = int(t)
-            if n > state["t"]:
-                bar.update(n - state["t"])
-                state["t"] = n
-
-    planet = Planet(sc, profile=profile, progress=callback)
+    planet = Planet(sc, profile=profile, progress=progress)
     stats = planet.run()
-    if bar is not None:
-        bar.close()
     return summarise(planet, stats, label)
+
+
+def run_with_bar(sc: Scenario, profile: Path, label: str, bar: bool) -> dict[str, Any]:
+    if not bar:
+        return run_one(sc, profile, label, None)
+    from tqdm import tqdm
+
+    with tqdm(
+        total=round(sc.duration_s), unit="sim s", desc=label, leave=True, file=sys.stderr
+    ) as shown:
+
+        def update(t: float) -> None:
+            n = int(t)
+            if n > shown.n:
+                shown.update(n - shown.n)
+
+        return run_one(sc, profile, label, update)
+
+
+def _print_line(r: dict[str, Any]) -> None:
+    print(
+        f"{r['profile']:<16} TTFT p50 {r['ttft_ms']['p50']:>7.0f} ms  "
+        f"p99 {r['ttft_ms']['p99']:>7.0f} ms  "
+        f"goodput {100 * r['goodput']:5.1f} %  refused {r['refused_total']:>6}  "
+        f"residency violations {r['residency_violations']}  "
+        f"oscillation {r['oscillation']:.3f}  "
+        f"{r['run']['simulated_requests_per_wall_s'] or 0:,.0f} req/wall-s  "
+        f"{r['run']['simulated_requests_per_cpu_s'] or 0:,.0f} req/CPU-s  "
+        f"RSS {r['run']['peak_rss_mib']:,.0f} MiB"
+    )
+
+
+def _say_if_interrupted(r: dict[str, Any], sc: Scenario) -> bool:
+    stopped = r["run"]["interrupted_at_s"]
+    if stopped is None:
+        return False
+    print(
+        f"interrupted at {stopped:,.1f} s of {sc.duration_s:g} s simulated "
+        f"({r['profile']}); the report covers what ran",
+        file=sys.stderr,
+    )
+    return True
 
 
 def calibration() -> int:
@@ -207,6 +236,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="report folder (created if need be)",
     )
     p.add_argument("--no-progress", action="store_true")
+    p.add_argument(
+        "--jobs",
+        type=cli.integer(1, 256),
+        default=1,
+        help="run up to this many profiles side by side, one process each (a run uses one "
+        "core; memory is checked for all of them together); default 1: one after another",
+    )
     p.add_argument("--calibration", action="store_true", help="print the RTT model's fit and exit")
     p.add_argument(
         "--combine",
@@ -268,31 +304,41 @@ def main(argv: Sequence[str] | None = None) -> int:
             "hours and the hotspot factors multiply together); the report will be empty",
             file=sys.stderr,
         )
+    chosen = profiles or [sc.router.profile]
+    jobs = min(args.jobs, len(chosen))
+    if jobs > 1:
+        fit = max(1, int(limit_mib(sc) // max(need, 1.0)))
+        if fit < jobs:
+            print(
+                f"--jobs {jobs}: {jobs} x {need:,.0f} MiB would not fit in memory "
+                f"(limit {limit_mib(sc):,.0f} MiB); "
+                + (f"running {fit} side by side" if fit > 1 else "running one after another"),
+                file=sys.stderr,
+            )
+            jobs = fit
+    elif len(chosen) > 1 and (os.cpu_count() or 1) > 1:
+        print(
+            f"({len(chosen)} profiles one after another; --jobs {len(chosen)} runs them side by "
+            "side, a core each)",
+            file=sys.stderr,
+        )
     results: list[dict[str, Any]] = []
     interrupted = False
     try:
-        for prof in profiles or [sc.router.profile]:
-            label = prof.stem
-            results.append(run_one(sc, prof, not args.no_progress, label))
-            r = results[-1]
-            print(
-                f"{label:<16} TTFT p50 {r['ttft_ms']['p50']:>7.0f} ms  "
-                f"p99 {r['ttft_ms']['p99']:>7.0f} ms  "
-                f"goodput {100 * r['goodput']:5.1f} %  refused {r['refused_total']:>6}  "
-                f"residency violations {r['residency_violations']}  "
-                f"oscillation {r['oscillation']:.3f}  "
-                f"{r['run']['simulated_requests_per_wall_s'] or 0:,.0f} req/wall-s  "
-                f"{r['run']['simulated_requests_per_cpu_s'] or 0:,.0f} req/CPU-s  "
-                f"RSS {r['run']['peak_rss_mib']:,.0f} MiB"
+        if jobs > 1:
+            from services.planet.parallel import run_side_by_side
+
+            results, interrupted = run_side_by_side(
+                sc, chosen, jobs, run_one, progress=not args.no_progress
             )
-            stopped = r["run"]["interrupted_at_s"]
-            if stopped is not None:
+            for r in results:
+                _print_line(r)
+                _say_if_interrupted(r, sc)
+        for prof in chosen if jobs == 1 else ():
+            results.append(run_with_bar(sc, prof, prof.stem, not args.no_progress))
+            _print_line(results[-1])
+            if _say_if_interrupted(results[-1], sc):
                 interrupted = True
-                print(
-                    f"interrupted at {stopped:,.1f} s of {sc.duration_s:g} s simulated "
-                    f"({label}); the report covers what ran",
-                    file=sys.stderr,
-                )
                 break
     except KeyboardInterrupt:  # outside a run's event loop (building the world, summarising)
         interrupted = True

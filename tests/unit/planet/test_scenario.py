@@ -762,3 +762,74 @@ def test_combine_refuses_results_of_different_scenarios_or_lengths(
     assert "--combine: the results are of different runs, not comparable: small (" in err
     assert "2 s, fast); small (" in err
     assert not (tmp_path / "both").exists()
+
+
+def test_profiles_side_by_side_give_the_results_they_give_one_after_another(
+    tmp_path: Path, small: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    path = write_small(tmp_path, {**small, "duration_s": 3})
+    profiles = ["--profiles", "default", "round-robin", "power-of-two"]
+    for jobs in ("1", "3"):
+        out = tmp_path / f"jobs{jobs}"
+        argv = ["--scenario", str(path), "--no-progress", "--out", str(out), "--jobs", jobs]
+        assert main([*argv, *profiles]) == 0
+    err = capsys.readouterr().err
+    assert "--jobs 3 runs them side by side" in err  # the hint, on the sequential run
+    one, three = (json.loads((tmp_path / f"jobs{j}/results.json").read_text()) for j in "13")
+    assert [r["profile"] for r in three] == ["default", "round-robin", "power-of-two"]
+    for a, b in zip(one, three, strict=True):
+        a.pop("run")
+        b.pop("run")
+        assert a == b  # each run is deterministic, wherever it runs
+
+
+def test_side_by_side_runs_that_would_not_fit_in_memory_run_one_after_another(
+    tmp_path: Path, small: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    # the estimate is ~122 MiB: two fit in 250, three do not
+    path = write_small(tmp_path, {**small, "duration_s": 2, "limits": {"max_memory_mib": 250}})
+    argv = ["--scenario", str(path), "--no-progress", "--out", str(tmp_path / "o"), "--jobs", "3",
+            "--profiles", "default", "round-robin", "power-of-two"]  # fmt: skip
+    assert main(argv) == 0
+    assert "would not fit in memory (limit 250 MiB); running 2 side by side" in (
+        capsys.readouterr().err
+    )
+
+
+def test_ctrl_c_stops_profiles_side_by_side_and_reports_what_ran(
+    tmp_path: Path, small: dict[str, Any]
+) -> None:
+    import json
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    path = write_small(tmp_path, {**small, "duration_s": 100_000})
+    out = tmp_path / "out"
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'build' / 'gen'}"}
+    argv = [sys.executable, "-m", "bench.planet", "--scenario", str(path), "--out", str(out),
+            "--profiles", "default", "round-robin", "--jobs", "2", "--no-progress"]  # fmt: skip
+    proc = subprocess.Popen(
+        argv,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+    )
+    assert proc.stderr is not None
+    assert "requests per profile" in proc.stderr.readline()
+    time.sleep(6.0)  # the children start (spawn: ~1 s of imports) and run
+    proc.send_signal(signal.SIGINT)  # the parent only: it tells the children
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "Traceback" not in stderr
+    results = json.loads((out / "results.json").read_text())
+    assert [r["profile"] for r in results] == ["default", "round-robin"]
+    assert all(0 < r["run"]["interrupted_at_s"] < 100_000 for r in results)
+    assert stderr.count("the report covers what ran") == 2
