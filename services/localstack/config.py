@@ -14,6 +14,7 @@ from typing import Any, TypeGuard
 
 import yaml
 
+from services.common import yamlfile
 from services.common.cli import UnreadableFile, read_text
 from services.worker.sim.config import SimConfig
 
@@ -240,7 +241,7 @@ def _parse_vllm_embedding(
 
 def load_stack_config(path: Path) -> StackConfig:
     try:
-        data = yaml.safe_load(read_text(path))
+        data = yamlfile.safe_load(read_text(path))
     except UnreadableFile as err:  # missing, a directory, not UTF-8, ...
         raise StackConfigError(str(err)) from None
     except yaml.YAMLError as err:

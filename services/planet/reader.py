@@ -5,8 +5,19 @@ traceback at a time (the same contract as the router's ``profile.py``)."""
 from __future__ import annotations
 
 import math
+import reprlib
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
+
+_SHORT = reprlib.Repr()
+_SHORT.maxlevel, _SHORT.maxlist, _SHORT.maxdict = 3, 8, 8
+_SHORT.maxstring = _SHORT.maxother = 60
+_SHORT.maxlong = 40
+
+
+def _show(value: Any) -> str:
+    """A value in an error message, cut short: a bad key's value may be a whole document."""
+    return _SHORT.repr(value)
 
 
 class Problems:
@@ -95,12 +106,12 @@ class Node:
                 return lo if math.isfinite(lo) else 0.0
             return default
         if isinstance(v, bool) or not isinstance(v, int | float) or not math.isfinite(v):
-            self.fail(f"must be a number, got {v!r}")
+            self.fail(f"must be a number, got {_show(v)}")
             return default if default is not None else 0.0
         if v < lo or (lo_open and v == lo) or v > hi:
             bound = f"> {lo:g}" if lo_open else f">= {lo:g}"
             rng = f"{bound} and <= {hi:g}" if math.isfinite(hi) else bound
-            self.fail(f"must be {rng}, got {v!r}")  # the scenario is refused; the value is
+            self.fail(f"must be {rng}, got {_show(v)}")  # the scenario is refused; the value is
             # clamped so that the rest of the check can go on computing with it
             return default if default is not None else min(max(float(v), lo), hi)
         return float(v)
@@ -113,7 +124,7 @@ class Node:
                 return lo
             return default
         if isinstance(v, bool) or not isinstance(v, int):
-            self.fail(f"must be an integer, got {v!r}")
+            self.fail(f"must be an integer, got {_show(v)}")
             return default if default is not None else lo
         if v < lo or (hi is not None and v > hi):
             self.fail(
@@ -130,10 +141,10 @@ class Node:
                 return ""
             return default
         if not isinstance(v, str) or not v:
-            self.fail(f"must be a non-empty string, got {v!r}")
+            self.fail(f"must be a non-empty string, got {_show(v)}")
             return default or ""
         if choices and v not in choices:
-            self.fail(f"must be one of {', '.join(choices)}, got {v!r}")
+            self.fail(f"must be one of {', '.join(choices)}, got {_show(v)}")
             return default or choices[0]
         return v
 
@@ -144,7 +155,7 @@ class Node:
             return [v]
         if isinstance(v, list) and all(isinstance(x, str) and x for x in v) and v:
             return list(v)
-        self.fail(f"must be a string or a non-empty list of strings, got {v!r}")
+        self.fail(f"must be a string or a non-empty list of strings, got {_show(v)}")
         return []
 
     def boolean(self, default: bool) -> bool:
@@ -152,6 +163,6 @@ class Node:
         if v is _MISSING:
             return default
         if not isinstance(v, bool):
-            self.fail(f"must be true or false, got {v!r}")
+            self.fail(f"must be true or false, got {_show(v)}")
             return default
         return v

@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from services.common import yamlfile
 from services.common.cli import UnreadableFile, read_text
 from services.planet.errors import ScenarioError
 from services.planet.geo import RttModel
@@ -249,7 +250,7 @@ def load_scenario(path: str | Path, *, overrides: Mapping[str, Any] | None = Non
     ``overrides``: top-level keys replaced after reading (the command line's ``--duration``)."""
     path = Path(path)
     try:
-        doc = yaml.safe_load(read_text(path))
+        doc = yamlfile.safe_load(read_text(path))
     except UnreadableFile as err:  # missing, a directory, not UTF-8, ...
         raise ScenarioError(str(path), [f"cannot read: {err.reason}"]) from None
     except yaml.YAMLError as err:

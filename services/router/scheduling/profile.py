@@ -35,6 +35,7 @@ from typing import Any
 
 import yaml
 
+from services.common import yamlfile
 from services.common.cli import UnreadableFile, read_text
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.router.scheduling.framework import SchedulerProfile, WeightedScorer
@@ -135,7 +136,7 @@ def _read(source: str | os.PathLike[str] | Mapping[str, Any]) -> tuple[str, obje
     except UnreadableFile as err:  # missing, a directory, not UTF-8, ...
         raise ProfileError(label, [f"cannot read: {err.reason}"]) from None
     try:
-        return label, yaml.safe_load(text)
+        return label, yamlfile.safe_load(text)
     except yaml.YAMLError as err:
         raise ProfileError(label, [f"invalid YAML: {err}"]) from None
 

@@ -13,6 +13,7 @@ from typing import Any
 
 import yaml
 
+from services.common import yamlfile
 from services.common.cli import UnreadableFile, read_text
 from services.worker.engine import Engine, EngineConfigError
 from services.worker.sim.config import SimConfig
@@ -26,7 +27,7 @@ def _parse_overrides(pairs: list[str]) -> dict[str, Any]:
         if not sep or not key:
             raise EngineConfigError(f"--sim {pair!r}: expected KEY=VALUE")
         try:
-            out[key.strip()] = yaml.safe_load(raw)
+            out[key.strip()] = yamlfile.safe_load(raw)
         except yaml.YAMLError as err:
             raise EngineConfigError(f"--sim {pair!r}: cannot parse value: {err}") from None
     return out
@@ -34,7 +35,7 @@ def _parse_overrides(pairs: list[str]) -> dict[str, Any]:
 
 def _load_yaml(path: Path) -> dict[str, Any]:
     try:
-        data = yaml.safe_load(read_text(path, flag="--sim-config"))
+        data = yamlfile.safe_load(read_text(path, flag="--sim-config"))
     except UnreadableFile as err:  # missing, a directory, not UTF-8, ...
         raise EngineConfigError(str(err)) from None
     except yaml.YAMLError as err:
