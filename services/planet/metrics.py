@@ -98,6 +98,7 @@ class Metrics:
     refused: Counter[tuple[str, str]] = field(default_factory=Counter)  # (tier, reason)
     arrivals: Counter[str] = field(default_factory=Counter)  # by tier
     good: Counter[str] = field(default_factory=Counter)  # by tier
+    resolved: Counter[str] = field(default_factory=Counter)  # finished or refused, by tier
     served: Counter[tuple[str, str]] = field(default_factory=Counter)  # (site, region)
     residency_violations: int = 0
     series: list[dict[str, Any]] = field(default_factory=list)
@@ -134,6 +135,7 @@ class Metrics:
 
     def refuse(self, tier: str, reason: str) -> None:
         self.refused[(tier, reason)] += 1
+        self.resolved[tier] += 1
         self._interval["refused"] += 1
 
     def routed(self, t: float, region: str) -> None:
@@ -166,6 +168,7 @@ class Metrics:
             if itl_ms is not None:
                 itl[key].add_bucket(b_itl, itl_ms)
         self.served[(site, region)] += 1
+        self.resolved[tier] += 1
         ok = ttft_ms <= self.slo_ttft_ms and (
             self.slo_itl_ms is None or itl_ms is None or itl_ms <= self.slo_itl_ms
         )
@@ -234,7 +237,11 @@ class Metrics:
         """Over the windows closed so far (the one still open is partial and left out)."""
         return self._shift_total / self._shifts if self._shifts else 0.0
 
-    def goodput(self, tiers: Iterable[str] | None = None) -> float:
+    def goodput(self, tiers: Iterable[str] | None = None, *, resolved_only: bool = False) -> float:
+        """Good requests over all that arrived (refusals and unfinished ones are misses), or,
+        ``resolved_only``, over those that finished or were refused: a run stopped early
+        (Ctrl-C) is not charged for the streams it cut."""
         names = list(tiers) if tiers is not None else list(self.arrivals)
-        arrivals = sum(self.arrivals[t] for t in names)
-        return sum(self.good[t] for t in names) / arrivals if arrivals else math.nan
+        counted = self.resolved if resolved_only else self.arrivals
+        total = sum(counted[t] for t in names)
+        return sum(self.good[t] for t in names) / total if total else math.nan

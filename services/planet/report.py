@@ -33,6 +33,7 @@ def _pcts(h: Histogram | None) -> dict[str, float]:
 def summarise(planet: Planet, stats: RunStats, profile_name: str) -> dict[str, Any]:
     sc = planet.sc
     m: Metrics = planet.metrics
+    cut = planet.interrupted_at is not None  # goodput over what ended (see Metrics.goodput)
     est, breakdown = estimate(sc)
     groups: dict[str, dict[str, Any]] = {"region": {}, "site": {}, "tier": {}}
     for (kind, name), h in m.ttft.items():
@@ -48,7 +49,7 @@ def summarise(planet: Planet, stats: RunStats, profile_name: str) -> dict[str, A
     for t in tiers:
         g = groups["tier"].setdefault(t, {})
         g["arrivals"] = m.arrivals[t]
-        g["goodput"] = round(m.goodput([t]), 4)
+        g["goodput"] = round(m.goodput([t], resolved_only=cut), 4)
         g["refused"] = sum(n for (tier, _), n in m.refused.items() if tier == t)
     util_sum: Counter[str] = Counter()
     util_n: Counter[str] = Counter()
@@ -79,7 +80,7 @@ def summarise(planet: Planet, stats: RunStats, profile_name: str) -> dict[str, A
         },
         "slo": {"ttft_ms": sc.slo_ttft_ms, "itl_ms": sc.slo_itl_ms},
         "requests": arrivals,
-        "goodput": round(m.goodput(), 4),
+        "goodput": round(m.goodput(resolved_only=cut), 4),
         "ttft_ms": _pcts(m.ttft.get(("all", ""))),
         "itl_ms": _pcts(m.itl.get(("all", ""))),
         "e2e_ms": _pcts(m.e2e.get(("all", ""))),
@@ -247,7 +248,8 @@ def write_markdown(results: list[dict[str, Any]], out: Path) -> Path:
             lines += [
                 "",
                 f"**Interrupted** (Ctrl-C) at {run['interrupted_at_s']:,.1f} s of "
-                f"{r['duration_s']:g} s simulated: these figures cover what ran.",
+                f"{r['duration_s']:g} s simulated: these figures cover what ran (goodput over "
+                "the requests that finished or were refused by then).",
             ]
         lines += [
             "",

@@ -80,3 +80,15 @@ def test_a_long_quiet_gap_is_crossed_in_one_step() -> None:
     m.routed(3_600.0 * 24 * 7, "b")  # a week later: 60 million empty windows between
     m.routed(3_600.0 * 24 * 7 + 0.02, "b")
     assert m.oscillation() == pytest.approx(1.0)
+
+
+def test_goodput_counts_unfinished_requests_as_misses_unless_asked_for_resolved_ones() -> None:
+    m = metrics(10.0)
+    for _ in range(3):
+        m.arrival("standard")
+    m.done("seoul", "kr", "standard", ttft_ms=100, itl_ms=None, e2e_ms=900)  # good
+    m.refuse("standard", "saturated")  # a miss
+    # the third is still streaming when the run stops
+    assert m.goodput() == pytest.approx(1 / 3)
+    assert m.goodput(resolved_only=True) == pytest.approx(1 / 2)
+    assert m.goodput(["standard"], resolved_only=True) == pytest.approx(1 / 2)
