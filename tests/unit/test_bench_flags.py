@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.support.interrupt import start_module
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -75,17 +77,7 @@ def test_ctrl_c_ends_a_benchmark_in_one_line_as_interrupted() -> None:
     import signal
     import time
 
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'build' / 'gen'}"}
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "bench.sim_engine", "--seconds", "86400", "--rates", "40"],
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        # a shell's background job ignores SIGINT, and a child would inherit that
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    proc = start_module("bench.sim_engine", "--seconds", "86400", "--rates", "40")
     assert proc.stdout is not None
     assert proc.stdout.readline().startswith("SimConfig defaults")  # it is running
     time.sleep(0.5)

@@ -10,6 +10,7 @@ import pytest
 from services.planet.errors import ScenarioError, ScenarioTooLarge
 from services.planet.main import check_memory, main
 from services.planet.scenario import build, load_scenario
+from tests.support.interrupt import start_module
 
 from .conftest import ROOT
 
@@ -643,27 +644,13 @@ def test_ctrl_c_stops_the_run_and_writes_the_report_of_what_ran(
     tmp_path: Path, small: dict[str, Any]
 ) -> None:
     import json
-    import os
     import signal
-    import subprocess
-    import sys
     import time
 
     path = write_small(tmp_path, {**small, "duration_s": 100_000})  # far longer than the test
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'build' / 'gen'}"}
-    argv = [sys.executable, "-m", "bench.planet", "--scenario", str(path), "--out", str(out),
-            "--profiles", "default", "round-robin", "--no-progress"]  # fmt: skip
-    proc = subprocess.Popen(
-        argv,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        # a shell's background job ignores SIGINT, and a child would inherit that
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    proc = start_module("bench.planet", "--scenario", str(path), "--out", str(out),
+                        "--profiles", "default", "round-robin", "--no-progress")  # fmt: skip
     assert proc.stderr is not None
     header = proc.stderr.readline()  # printed once the scenario is loaded and checked
     assert "requests per profile" in header
@@ -802,26 +789,14 @@ def test_ctrl_c_stops_profiles_side_by_side_and_reports_what_ran(
     tmp_path: Path, small: dict[str, Any]
 ) -> None:
     import json
-    import os
     import signal
-    import subprocess
-    import sys
     import time
 
     path = write_small(tmp_path, {**small, "duration_s": 100_000})
     out = tmp_path / "out"
-    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'build' / 'gen'}"}
-    argv = [sys.executable, "-m", "bench.planet", "--scenario", str(path), "--out", str(out),
-            "--profiles", "default", "round-robin", "--jobs", "2", "--no-progress"]  # fmt: skip
-    proc = subprocess.Popen(
-        argv,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
-    )
+    proc = start_module("bench.planet", "--scenario", str(path), "--out", str(out),
+                        "--profiles", "default", "round-robin", "--jobs", "2",
+                        "--no-progress")  # fmt: skip
     assert proc.stderr is not None
     assert "requests per profile" in proc.stderr.readline()
     time.sleep(6.0)  # the children start (spawn: ~1 s of imports) and run
