@@ -326,11 +326,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     interrupted = False
     try:
         if jobs > 1:
-            from services.planet.parallel import run_side_by_side
+            from services.planet.parallel import ProfileProcessDied, run_side_by_side
 
-            results, interrupted = run_side_by_side(
-                sc, chosen, jobs, run_one, progress=not args.no_progress
-            )
+            try:
+                results, interrupted = run_side_by_side(
+                    sc, chosen, jobs, run_one, progress=not args.no_progress
+                )
+            except ProfileProcessDied as err:
+                print(f"error: {err}", file=sys.stderr)
+                return 1
             for r in results:
                 _print_line(r)
                 _say_if_interrupted(r, sc)

@@ -21,6 +21,7 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from multiprocessing.synchronize import Event
 from pathlib import Path
 from typing import Any
@@ -103,11 +104,26 @@ def run_side_by_side(
     for bar in bars.values():
         bar.close()
     results = []
-    for f in futures:
-        result = None if f.cancelled() else f.result()  # None: Ctrl-C came before it started
+    for f, label in zip(futures, labels, strict=True):
+        try:
+            result = None if f.cancelled() else f.result()  # None: Ctrl-C came before it
+        except BrokenProcessPool:  # killed (the kernel's OOM killer, a signal): say which
+            unfinished = [n for g, n in zip(futures, labels, strict=True) if not _finished(g)]
+            raise ProfileProcessDied(
+                "a profile's process died before it finished (killed: out of memory? fewer "
+                f"--jobs need less); unfinished: {', '.join(unfinished) or label}"
+            ) from None
         if result is not None:
             results.append(result)
     return results, interrupted
+
+
+def _finished(f: Future[dict[str, Any] | None]) -> bool:
+    return not f.cancelled() and f.exception() is None
+
+
+class ProfileProcessDied(RuntimeError):
+    """A child process ended without a result."""
 
 
 def _drain(reports: Any, bars: dict[str, Any], *, wait: bool = True) -> None:

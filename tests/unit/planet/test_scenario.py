@@ -808,3 +808,39 @@ def test_ctrl_c_stops_profiles_side_by_side_and_reports_what_ran(
     assert [r["profile"] for r in results] == ["default", "round-robin"]
     assert all(0 < r["run"]["interrupted_at_s"] < 100_000 for r in results)
     assert stderr.count("the report covers what ran") == 2
+
+
+def test_a_profile_process_killed_side_by_side_is_one_error_line(
+    tmp_path: Path, small: dict[str, Any]
+) -> None:
+    import os
+    import signal
+    import time
+
+    path = write_small(tmp_path, {**small, "duration_s": 100_000})
+    proc = start_module("bench.planet", "--scenario", str(path), "--out", str(tmp_path / "o"),
+                        "--profiles", "default", "round-robin", "--jobs", "2",
+                        "--no-progress")  # fmt: skip
+    assert proc.stderr is not None
+    assert "requests per profile" in proc.stderr.readline()
+    time.sleep(6.0)  # the children start (spawn) and run
+    workers = [
+        d.name
+        for d in Path("/proc").iterdir()
+        if d.name.isdigit()
+        and _parent_pid(d) == proc.pid
+        and "spawn_main" in (d / "cmdline").read_text(errors="replace")
+    ]
+    assert workers
+    os.kill(int(workers[0]), signal.SIGKILL)  # what the kernel's OOM killer does
+    _, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 1, stderr
+    assert "Traceback" not in stderr
+    assert "error: a profile's process died before it finished (killed: out of memory?" in stderr
+
+
+def _parent_pid(proc_dir: Path) -> int:
+    try:  # /proc/<pid>/stat: "pid (comm) state ppid ..."; comm may hold spaces
+        return int((proc_dir / "stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
