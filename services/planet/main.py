@@ -3,7 +3,7 @@
     python -m bench.planet --scenario deploy/sim/planet.yaml \\
         [--profiles default round-robin nearest-region least-loaded power-of-two] \\
         [--duration 600] [--engine fast|exact] [--out bench/results/planet] [--no-progress]
-        [--jobs 5]                            # profiles side by side, a process each
+        [--jobs 5|auto]                       # profiles side by side, a process each
     python -m bench.planet --calibration      # the RTT model's fit to published measurements
 
 Bad flags exit 2 naming the flag; a bad scenario exits 2 with every problem located; a scenario
@@ -100,6 +100,18 @@ def run_with_bar(sc: Scenario, profile: Path, label: str, bar: bool) -> dict[str
                 shown.update(n - shown.n)
 
         return run_one(sc, profile, label, update)
+
+
+def _jobs(value: str) -> int:
+    """``--jobs``: a count 1..256, or ``auto``: the cores this process may use (affinity and
+    cgroup quota, as the edge's ``--workers auto``)."""
+    if value == "auto":
+        from services.common.cpus import usable_cpus
+
+        return usable_cpus()
+    if not value.isdigit() or not 1 <= int(value) <= 256:
+        raise argparse.ArgumentTypeError(f"must be 'auto' or a count 1..256, got {value!r}")
+    return int(value)
 
 
 def _print_line(r: dict[str, Any]) -> None:
@@ -238,10 +250,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--no-progress", action="store_true")
     p.add_argument(
         "--jobs",
-        type=cli.integer(1, 256),
+        type=_jobs,
         default=1,
         help="run up to this many profiles side by side, one process each (a run uses one "
-        "core; memory is checked for all of them together); default 1: one after another",
+        "core; memory is checked for all of them together), or 'auto' (the cores this "
+        "process may use); default 1: one after another",
     )
     p.add_argument("--calibration", action="store_true", help="print the RTT model's fit and exit")
     p.add_argument(

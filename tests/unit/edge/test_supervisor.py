@@ -8,17 +8,16 @@ from pathlib import Path
 
 import pytest
 
+from services.common.cpus import cgroup_cpu_quota, usable_cpus
 from services.edge.main import build_parser, config_from_args
 from services.edge.supervisor import (
     MAX_AUTO_WORKERS,
     Child,
     Supervisor,
     SupervisorConfig,
-    cgroup_cpu_quota,
     offset_port,
     parse_workers,
     strip_workers,
-    usable_cpus,
 )
 
 BASE = ["--plain-http", "--redis-url", "redis://127.0.0.1:1", "--router", "127.0.0.1:1"]

@@ -264,6 +264,8 @@ def problems_at(doc: dict[str, Any], base: Path) -> tuple[str, ...]:
         (["--out", "{file}/report"], "argument --out: cannot create '{file}/report': '{file}'"),
         (["--out", "{file}"], "argument --out: '{file}' is not a directory"),
         (["--profiles", "{bad}"], "--profiles: {bad}: cannot read: not UTF-8 text"),
+        (["--jobs", "0"], "argument --jobs: must be 'auto' or a count 1..256, got '0'"),
+        (["--jobs", "many"], "argument --jobs: must be 'auto' or a count 1..256, got 'many'"),
     ],
 )
 def test_bad_flags_exit_2_naming_the_flag_before_anything_runs(
