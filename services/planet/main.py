@@ -23,6 +23,7 @@ from services.common import cli
 from services.common.cli import UnreadableFile, read_text
 from services.planet.errors import ScenarioError, ScenarioTooLarge
 from services.planet.memory import estimate, limit_mib
+from services.planet.parallel import ProfileProcessDied
 from services.planet.scenario import Scenario, load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -112,6 +113,56 @@ def _jobs(value: str) -> int:
     if not value.isdigit() or not 1 <= int(value) <= 256:
         raise argparse.ArgumentTypeError(f"must be 'auto' or a count 1..256, got {value!r}")
     return int(value)
+
+
+def _choose_jobs(asked: int, chosen: Sequence[Path], sc: Scenario, need_mib: float) -> int:
+    """How many profiles run side by side: as asked, no more than there are, and no more
+    than fit in memory together (said when fewer); a hint when they could run side by side."""
+    jobs = min(asked, len(chosen))
+    if jobs > 1:
+        fit = max(1, int(limit_mib(sc) // max(need_mib, 1.0)))
+        if fit < jobs:
+            print(
+                f"--jobs {jobs}: {jobs} x {need_mib:,.0f} MiB would not fit in memory "
+                f"(limit {limit_mib(sc):,.0f} MiB); "
+                + (f"running {fit} side by side" if fit > 1 else "running one after another"),
+                file=sys.stderr,
+            )
+            jobs = fit
+    elif len(chosen) > 1 and (os.cpu_count() or 1) > 1:
+        print(
+            f"({len(chosen)} profiles one after another; --jobs {len(chosen)} runs them side by "
+            "side, a core each)",
+            file=sys.stderr,
+        )
+    return jobs
+
+
+def _run_profiles(
+    sc: Scenario, chosen: Sequence[Path], jobs: int, bar: bool
+) -> tuple[list[dict[str, Any]], bool]:
+    """(the results, in ``chosen``'s order, whether Ctrl-C stopped the runs). One after
+    another, a Ctrl-C ends the current run (its report covers what ran) and skips the rest;
+    side by side, it stops every run where it is."""
+    results: list[dict[str, Any]] = []
+    try:
+        if jobs > 1:
+            from services.planet.parallel import run_side_by_side
+
+            results, interrupted = run_side_by_side(sc, chosen, jobs, run_one, progress=bar)
+            for r in results:
+                _print_line(r)
+                _say_if_interrupted(r, sc)
+            return results, interrupted
+        for prof in chosen:
+            results.append(run_with_bar(sc, prof, prof.stem, bar))
+            _print_line(results[-1])
+            if _say_if_interrupted(results[-1], sc):
+                return results, True
+    except KeyboardInterrupt:  # outside a run's event loop (building the world, summarising)
+        print("interrupted", file=sys.stderr)
+        return results, True
+    return results, False
 
 
 def _print_line(r: dict[str, Any]) -> None:
@@ -318,48 +369,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
     chosen = profiles or [sc.router.profile]
-    jobs = min(args.jobs, len(chosen))
-    if jobs > 1:
-        fit = max(1, int(limit_mib(sc) // max(need, 1.0)))
-        if fit < jobs:
-            print(
-                f"--jobs {jobs}: {jobs} x {need:,.0f} MiB would not fit in memory "
-                f"(limit {limit_mib(sc):,.0f} MiB); "
-                + (f"running {fit} side by side" if fit > 1 else "running one after another"),
-                file=sys.stderr,
-            )
-            jobs = fit
-    elif len(chosen) > 1 and (os.cpu_count() or 1) > 1:
-        print(
-            f"({len(chosen)} profiles one after another; --jobs {len(chosen)} runs them side by "
-            "side, a core each)",
-            file=sys.stderr,
-        )
-    results: list[dict[str, Any]] = []
-    interrupted = False
+    jobs = _choose_jobs(args.jobs, chosen, sc, need)
     try:
-        if jobs > 1:
-            from services.planet.parallel import ProfileProcessDied, run_side_by_side
-
-            try:
-                results, interrupted = run_side_by_side(
-                    sc, chosen, jobs, run_one, progress=not args.no_progress
-                )
-            except ProfileProcessDied as err:
-                print(f"error: {err}", file=sys.stderr)
-                return 1
-            for r in results:
-                _print_line(r)
-                _say_if_interrupted(r, sc)
-        for prof in chosen if jobs == 1 else ():
-            results.append(run_with_bar(sc, prof, prof.stem, not args.no_progress))
-            _print_line(results[-1])
-            if _say_if_interrupted(results[-1], sc):
-                interrupted = True
-                break
-    except KeyboardInterrupt:  # outside a run's event loop (building the world, summarising)
-        interrupted = True
-        print("interrupted", file=sys.stderr)
+        results, interrupted = _run_profiles(sc, chosen, jobs, not args.no_progress)
+    except ProfileProcessDied as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 1
     if not results:
         return 130
     try:
