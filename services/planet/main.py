@@ -61,6 +61,27 @@ def check_memory(sc: Scenario) -> float:
     return need
 
 
+def twice(names: Sequence[str], paths: Sequence[Path]) -> str | None:
+    """Why the profiles cannot be told apart in the report, or None. A run and its report
+    name a profile by its file's stem, so the same one given twice (``default`` and
+    ``deploy/router/profiles/default.yaml``) would compare it with itself, and two files of
+    one name would be two columns no reader could tell apart."""
+    seen: dict[str, tuple[str, Path]] = {}
+    for name, path in zip(names, paths, strict=True):
+        if path.stem in seen:
+            first, first_path = seen[path.stem]
+            if first == name:
+                return f"{name!r} is given twice"
+            if first_path.resolve() == path.resolve():
+                return f"{first!r} and {name!r} are the same profile: give it once"
+            return (
+                f"two profiles named {path.stem!r} ({first_path}, {path}): the report names "
+                "each by its file name; rename one"
+            )
+        seen[path.stem] = (name, path)
+    return None
+
+
 def check_profiles(paths: Sequence[Path]) -> str | None:
     """Why one of the router profiles cannot be loaded (unreadable, not UTF-8, invalid), or
     None: checked before the first run starts, not found out after an hour of another's."""
@@ -232,6 +253,13 @@ def combine(paths: list[Path], out: Path, p: argparse.ArgumentParser) -> int:
     if len(runs) > 1:  # one comparison table of different worlds would mislead
         listed = "; ".join(f"{n} ({src}, {d:g} s, {e})" for n, src, d, e in sorted(runs))
         p.error(f"--combine: the results are of different runs, not comparable: {listed}")
+    names = [r["profile"] for r in results]
+    repeated = sorted({n for n in names if names.count(n) > 1})
+    if repeated:  # the same file given twice, or two runs of one profile: one column each
+        p.error(
+            f"--combine: profile {', '.join(map(repr, repeated))} appears more than once; "
+            "give each profile's results once"
+        )
     prepare_out(out, p)
     try:  # the report first: a malformed nested value must not overwrite a good results.json
         report = write_markdown(results, out)
@@ -332,7 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                 f"--profiles: no such profile: {', '.join(missing)} (shipped: {shipped}; "
                 "or a path to a .yaml file)"
             )
-        problem = check_profiles(profiles)
+        problem = twice(args.profiles, profiles) or check_profiles(profiles)
         if problem is not None:
             p.error(f"--profiles: {problem}")
     overrides: dict[str, Any] = {}

@@ -493,6 +493,55 @@ def test_a_profile_path_without_a_yaml_suffix_is_read_as_the_path_given(
     assert "least-loaded" in err
 
 
+@pytest.mark.parametrize(
+    ("given", "said"),
+    [
+        (["default", "default"], "--profiles: 'default' is given twice"),
+        (
+            ["default", str(ROOT / "deploy/router/profiles/default.yaml")],
+            "--profiles: 'default' and '" + str(ROOT) + "/deploy/router/profiles/default.yaml' "
+            "are the same profile: give it once",
+        ),
+        (["default", "{tmp}/default.yaml"], "--profiles: two profiles named 'default' ("),
+    ],
+)
+def test_profiles_the_report_could_not_tell_apart_are_refused_before_any_run(
+    tmp_path: Path,
+    small: dict[str, Any],
+    capsys: pytest.CaptureFixture[str],
+    given: list[str],
+    said: str,
+) -> None:
+    (tmp_path / "default.yaml").write_text(
+        (ROOT / "deploy/router/profiles/least-loaded.yaml").read_text()
+    )
+    path = write_small(tmp_path, {**small, "duration_s": 2})
+    out = tmp_path / "out"
+    profiles = [g.format(tmp=tmp_path) for g in given]
+    with pytest.raises(SystemExit) as exit_:
+        main(["--scenario", str(path), "--no-progress", "--out", str(out), "--profiles", *profiles])
+    assert exit_.value.code == 2
+    captured = capsys.readouterr()
+    assert said in captured.err
+    assert captured.out == ""  # refused before the first run
+    assert not out.exists()
+
+
+def test_combine_refuses_the_same_profiles_results_twice(
+    tmp_path: Path, small: dict[str, Any], capsys: pytest.CaptureFixture[str]
+) -> None:
+    one = tmp_path / "one"
+    path = write_small(tmp_path, {**small, "duration_s": 2})
+    assert main(["--scenario", str(path), "--no-progress", "--out", str(one)]) == 0
+    capsys.readouterr()
+    results = str(one / "results.json")
+    with pytest.raises(SystemExit) as exit_:
+        main(["--combine", results, results, "--out", str(tmp_path / "both")])
+    assert exit_.value.code == 2
+    assert "--combine: profile 'default' appears more than once" in capsys.readouterr().err
+    assert not (tmp_path / "both").exists()
+
+
 def test_the_header_says_how_many_requests_the_run_will_generate(
     tmp_path: Path, small: dict[str, Any], capsys: pytest.CaptureFixture[str]
 ) -> None:
