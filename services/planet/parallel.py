@@ -10,7 +10,10 @@ exactly as the sequential path would (each run is deterministic on its own).
 Ctrl-C: the children ignore SIGINT themselves (a terminal sends it to the whole process
 group, and a second one mid-summary would lose the run); the parent sets a shared stop flag,
 which each child reads once per simulated second and turns into the same interruption the
-sequential path has (the run ends where it is and its report covers what ran).
+sequential path has (the run ends where it is and its report covers what ran). The parent
+counts Ctrl-C in a signal handler instead of taking it as a KeyboardInterrupt: one raised
+inside ``Queue.get`` can land between a message's length and its bytes, and every read after
+it is garbage (``EOFError: Ran out of input``). Only a second Ctrl-C raises (stop waiting).
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import multiprocessing
 import queue
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -80,27 +84,30 @@ def run_side_by_side(
             for i, label in enumerate(labels)
         }
     interrupted = False
-    with ProcessPoolExecutor(
-        max_workers=jobs, mp_context=ctx, initializer=_init, initargs=(reports, stop)
-    ) as pool:
-        futures: list[Future[dict[str, Any] | None]] = [
-            pool.submit(_child, run_one, sc, prof, label)
-            for prof, label in zip(profiles, labels, strict=True)
-        ]
-        while not all(f.done() for f in futures):
-            try:
+    ctrl_c = _CtrlC()
+    in_main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, ctrl_c) if in_main else None
+    try:
+        with ProcessPoolExecutor(
+            max_workers=jobs, mp_context=ctx, initializer=_init, initargs=(reports, stop)
+        ) as pool:
+            futures: list[Future[dict[str, Any] | None]] = [
+                pool.submit(_child, run_one, sc, prof, label)
+                for prof, label in zip(profiles, labels, strict=True)
+            ]
+            while not all(f.done() for f in futures):
                 _drain(reports, bars)
-            except KeyboardInterrupt:
-                if interrupted:  # a second Ctrl-C: stop waiting
-                    for f in futures:
+                if ctrl_c.count and not interrupted:
+                    interrupted = True
+                    stop.set()
+                    for f in futures:  # the ones not started yet do not start
                         f.cancel()
-                    raise
-                interrupted = True
-                stop.set()
-                for f in futures:  # the ones not started yet do not start
-                    f.cancel()
-                print("interrupted: stopping every profile where it is", file=sys.stderr)
-        _drain(reports, bars, wait=False)
+                    print("interrupted: stopping every profile where it is", file=sys.stderr)
+            _drain(reports, bars, wait=False)
+    finally:
+        if in_main:  # None: a handler not set from Python; Python's default then
+            restore = signal.default_int_handler if previous is None else previous
+            signal.signal(signal.SIGINT, restore)
     for bar in bars.values():
         bar.close()
     results = []
@@ -120,6 +127,18 @@ def run_side_by_side(
 
 def _finished(f: Future[dict[str, Any] | None]) -> bool:
     return not f.cancelled() and f.exception() is None
+
+
+class _CtrlC:
+    """SIGINT in the parent while children run: counted, not raised (see the docstring)."""
+
+    def __init__(self) -> None:
+        self.count = 0
+
+    def __call__(self, signum: int, frame: object) -> None:
+        self.count += 1
+        if self.count > 1:  # a second Ctrl-C: stop waiting for the children
+            raise KeyboardInterrupt
 
 
 class ProfileProcessDied(RuntimeError):
