@@ -53,8 +53,8 @@ def prepare_out(out: Path, p: argparse.ArgumentParser) -> None:
         p.error(f"argument --out: cannot write to {str(out)!r}: {err.strerror or err}")
 
 
-def check_memory(sc: Scenario) -> float:
-    need, breakdown = estimate(sc)
+def check_memory(sc: Scenario, profiles: Sequence[Path] = ()) -> float:
+    need, breakdown = estimate(sc, profiles)
     limit = limit_mib(sc)
     if need > limit:
         raise ScenarioTooLarge(sc.source, need, limit, breakdown)
@@ -370,7 +370,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         overrides["engine"] = args.engine
     try:
         sc = load_scenario(args.scenario, overrides=overrides)
-        need = check_memory(sc)
+        need = check_memory(sc, profiles or ())
     except ScenarioError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

@@ -34,7 +34,7 @@ def summarise(planet: Planet, stats: RunStats, profile_name: str) -> dict[str, A
     sc = planet.sc
     m: Metrics = planet.metrics
     cut = planet.interrupted_at is not None  # goodput over what ended (see Metrics.goodput)
-    est, breakdown = estimate(sc)
+    est, breakdown = estimate(sc, [planet.profile])
     groups: dict[str, dict[str, Any]] = {"region": {}, "site": {}, "tier": {}}
     for (kind, name), h in m.ttft.items():
         if kind in groups:

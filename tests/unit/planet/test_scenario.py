@@ -175,6 +175,45 @@ def test_background_streams_count_in_the_memory_estimate(small: dict[str, Any]) 
     assert busy - plain == pytest.approx(2 * 10_000 * 2_000 / 2**20, rel=0.01)
 
 
+def test_affinity_maps_count_in_the_memory_estimate_bounded_by_max_entries(
+    small: dict[str, Any], tmp_path: Path
+) -> None:
+    """A 10-minute planet run under the default profile peaked at 1,769 MiB against an
+    estimate of 988 MiB: its prefix-affinity maps (200,000 entries per replica) were not
+    counted. They are now, for the profile that runs, and never beyond max_entries."""
+    from services.planet.main import profile_path
+    from services.planet.memory import AFFINITY_ENTRY_B, estimate
+
+    def prefix_profile(max_entries: int) -> Path:
+        # power-of-two with a prefix-affinity scorer beside its load scorer
+        text = profile_path("power-of-two").read_text()
+        load = "      - type: load\n        weight: 1\n"
+        assert load in text
+        affinity = (
+            "      - {type: prefix-affinity, weight: 1, "
+            f"params: {{max_entries: {max_entries}}}}}\n"
+        )
+        path = tmp_path / f"p{max_entries}.yaml"
+        path.write_text(text.replace(load, load + affinity))
+        return path
+
+    small["traffic"]["rate_per_s"] = 1000
+    small["duration_s"] = 600
+    sc = build(small, source="s.yaml", base=ROOT)
+    none, _ = estimate(sc, [profile_path("power-of-two")])
+    capped, breakdown = estimate(sc, [prefix_profile(1000)])
+    assert "affinity maps" in breakdown
+    replicas = len(sc.sites)
+    assert capped - none == pytest.approx(
+        replicas * 1000 * AFFINITY_ENTRY_B["prefix-affinity"] / 2**20, rel=0.01
+    )
+    roomy, _ = estimate(sc, [prefix_profile(10**9)])  # bounded by the traffic instead
+    assert capped < roomy < none + 10_000
+    # the largest of the profiles that will run decides
+    both, _ = estimate(sc, [profile_path("power-of-two"), prefix_profile(1000)])
+    assert both == capped
+
+
 def test_every_problem_is_reported_at_once(small: dict[str, Any]) -> None:
     small["seed"] = "x"
     small["traffic"]["rate_per_s"] = 0
