@@ -12,9 +12,9 @@ RSS it reached, so the two can be compared: bench/README.md):
 - per replica, the profile's affinity scorers' maps (``prefix-affinity``: block hash →
   worker, ~230 B an entry with its key; ``session-affinity``: session → worker, ~130 B), each
   bounded by its ``max_entries`` and by the new prefix blocks that can arrive within its
-  ``ttl_s``. At planet scale
-  these are the largest term: 30 replicas × 200,000 prefix entries ≈ 1.3 GB (a 10-minute
-  planet run peaked at 1,769 MiB against an estimate of 988 MiB that left them out);
+  ``ttl_s``. At planet scale these are the largest term: 30 replicas × 200,000 prefix
+  entries ≈ 1.3 GB (a 10-minute planet run peaked at 1,769 MiB against an estimate of
+  988 MiB that left them out);
 - metrics: bounded (histograms, one row per interval).
 
 A scenario whose estimate exceeds ``limits.max_memory_mib`` (or 80 % of the memory available
@@ -53,6 +53,11 @@ def query_classes(sc: Scenario) -> int:
     return min(64, models * tiers * residency)
 
 
+def _rate(sc: Scenario) -> float:
+    """Mean requests per second: the scenario's rate, or its trace's over the run."""
+    return sc.traffic.rate_per_s or (len(sc.traffic.trace or ()) / max(1.0, sc.duration_s))
+
+
 def _new_blocks_per_request(sc: Scenario, max_blocks: int) -> float:
     """Prefix hashes a request can add that no earlier one had: its message's and, in the
     next turn's history, its answer's (log-normal means, clipped; the system prompt's are
@@ -84,7 +89,7 @@ def affinity_bytes(sc: Scenario, profile: Path) -> float:
         profile_ = load_profile(profile, clock=VirtualClock(), rng=random.Random(0))
     except (ProfileError, OSError, ValueError):
         return 0.0
-    rate = sc.traffic.rate_per_s or (len(sc.traffic.trace or ()) / max(1.0, sc.duration_s))
+    rate = _rate(sc)
     replicas = len(sc.sites)
     total = 0.0
     for ws in profile_.scorers:
@@ -119,7 +124,7 @@ def estimate(sc: Scenario, profiles: Sequence[Path] = ()) -> tuple[float, str]:
         in_flight += w.config.max_num_seqs * 2  # running + a queue as long again
     workers_in = Counter(w.region for w in sc.workers)
     in_flight += sum(bg.streams_per_worker * workers_in[bg.region] for bg in sc.background)
-    rate = sc.traffic.rate_per_s or (len(sc.traffic.trace or ()) / max(1.0, sc.duration_s))
+    rate = _rate(sc)
     conversations = min(rate * 600, 4000 * replicas * max(1, len(sc.traffic.mixes)))
     requests = in_flight * REQUEST_B + conversations * CONVERSATION_B
     affinity = max(affinity_bytes(sc, p) for p in (profiles or [sc.router.profile]))
