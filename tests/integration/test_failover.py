@@ -14,6 +14,7 @@ from services.edge.upstream.failover import FailoverPolicy, open_stream
 from services.edge.upstream.router_client import RouteResult
 from services.netem.proxy import CutMode
 from tests.integration.conftest import MODEL, Stack
+from tests.support.stalls import LoopStalls
 
 
 def client(stack: Stack) -> openai.AsyncOpenAI:
@@ -42,12 +43,19 @@ async def test_a_dead_worker_leaves_the_view_within_a_second(stack: Stack) -> No
     await stack.workers["kr-1"].die()  # the process "dies"
     loop = asyncio.get_running_loop()
     start = loop.time()
+    # The router shares this loop and does not age reports while the loop is held up (a
+    # starved machine): that time is not its detection time.
+    stalls = LoopStalls()
     while True:
         snaps = {s.worker_id: s for s in stack.router.fleet.snapshots(loop.time())}
         if not snaps["kr-1"].healthy:
             break
-        assert loop.time() - start < 1.0, "kr-1 still healthy after 1 s"
+        waited = loop.time() - start
+        if waited - stalls.held_s > 1.0 or waited > 10.0:
+            stalls.stop()
+            pytest.fail(f"kr-1 still healthy after 1 s (the loop was held up {stalls.held_s:.2f}s)")
         await asyncio.sleep(0.01)
+    stalls.stop()
     for _ in range(5):
         region, _ = await ask(stack)
         assert region in ("jp", "us")

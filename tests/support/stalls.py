@@ -35,9 +35,14 @@ class LoopStalls:
         self._mark = self._watch.mark()
         self._task = asyncio.get_running_loop().create_task(self._watch.run())
 
+    @property
+    def held_s(self) -> float:
+        """Seconds the loop has been held up so far."""
+        return self._watch.stalled_since(self._mark)
+
     def stop(self) -> float:
         """Stops the meter; the seconds the loop was held up."""
-        held = self._watch.stalled_since(self._mark)
+        held = self.held_s
         self._task.cancel()
         return held
 
