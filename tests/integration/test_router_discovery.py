@@ -24,6 +24,7 @@ from services.worker.sim import SimEngine
 from tests.support.inproc import RunningRouter, RunningWorker, start_router, start_worker
 from tests.support.regions import MODEL, Refused, RouterCaller, sim
 from tests.support.resolver import TableResolver
+from tests.support.stalls import LoopStalls
 from tests.support.wait import eventually
 
 REPO = Path(__file__).resolve().parents[2]
@@ -44,15 +45,22 @@ async def served_by(caller: RouterCaller, region: str) -> str | None:
 
 
 async def seconds_until(predicate: Callable[[], Awaitable[bool]], *, timeout_s: float) -> float:
-    """Seconds until ``predicate()`` holds (polled every 10 ms)."""
+    """Seconds until ``predicate()`` holds (polled every 10 ms), less the time this event loop
+    was held up meanwhile: the router and workers share it, and a starved machine's lost time
+    is not theirs. Gives up ``timeout_s`` after (and at most 5× that on the wall clock)."""
     loop = asyncio.get_running_loop()
     start = loop.time()
-    while True:
-        if await predicate():
-            return loop.time() - start
-        if loop.time() - start > timeout_s:
-            raise TimeoutError(f"not within {timeout_s}s")
-        await asyncio.sleep(0.01)
+    stalls = LoopStalls()
+    try:
+        while True:
+            if await predicate():
+                return loop.time() - start - stalls.held_s
+            waited = loop.time() - start
+            if waited - stalls.held_s > timeout_s or waited > 5 * timeout_s:
+                raise TimeoutError(f"not within {timeout_s}s")
+            await asyncio.sleep(0.01)
+    finally:
+        stalls.stop()
 
 
 @pytest.fixture
