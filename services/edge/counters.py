@@ -81,6 +81,11 @@ class EdgeCounters:
     # SSE streams (ended with an error event) and requests with no response yet (a 503).
     drain_streams_cut: int = 0
     drain_requests_cut: int = 0
+    # Running under a key that was revoked (or a tenant disabled) meanwhile, and cut
+    # (services/edge/tenancy/revocation.py); the Redis re-checks that decided it.
+    revoked_streams_cut: int = 0
+    revoked_requests_cut: int = 0
+    auth_rechecks: int = 0
     # Chunks held while a client was behind and sent inside another's SSE event
     # (services/edge/chunk_merge.py), and the merged events that carried them.
     chunks_merged: int = 0

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from enum import StrEnum
 from types import TracebackType
@@ -30,7 +30,7 @@ from types import TracebackType
 from aiohttp import web
 
 from services.common.clock import Clock
-from services.edge.httperrors import ShuttingDown
+from services.edge.httperrors import Interrupted, ShuttingDown
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -165,9 +165,10 @@ SHUTTING_DOWN_MESSAGE = (
 
 
 class CutScope:
-    """Where a request may be cut at the drain deadline: leaving the block raises
-    :class:`~services.edge.httperrors.ShuttingDown` once :meth:`Lifecycle.cut` has reached it
-    (the block's pending await is cancelled, so its own ``finally`` clauses run first).
+    """Where a request may be cut (the drain deadline, its key revoked): leaving the block
+    raises the cut's :class:`~services.edge.httperrors.Interrupted` once :meth:`Lifecycle.cut`
+    or :meth:`Lifecycle.cut_where` has reached it (the block's pending await is cancelled, so
+    its own ``finally`` clauses run first).
 
     An :class:`asyncio.Timeout` that only the cut reschedules (to now). A request holds a
     stack of them (the connection guard's around the whole pipeline, a stream stage's around
@@ -182,8 +183,8 @@ class CutScope:
         self._timeout = asyncio.timeout(None)
 
     async def __aenter__(self) -> None:
-        if self._flight.cut:
-            raise ShuttingDown(SHUTTING_DOWN_MESSAGE, retry_after_s=1.0)
+        if self._flight.cut is not None:
+            raise self._flight.cut
         await self._timeout.__aenter__()
         self._flight.scopes.append(self._timeout)
 
@@ -197,29 +198,36 @@ class CutScope:
         try:
             await self._timeout.__aexit__(exc_type, exc, tb)
         except TimeoutError:
-            raise ShuttingDown(SHUTTING_DOWN_MESSAGE, retry_after_s=1.0) from None
+            if self._flight.cut is None:  # pragma: no cover - only a cut reschedules it
+                raise
+            raise self._flight.cut from None
         return False
 
 
 class InFlight:
     """One API request between the connection guard's admission and its end."""
 
-    __slots__ = ("cut", "scopes", "streaming")
+    __slots__ = ("cut", "key_digest", "scopes", "streaming", "tenant_id", "trace_id")
 
-    def __init__(self) -> None:
+    def __init__(self, trace_id: str = "") -> None:
+        self.trace_id = trace_id  # for the log line of a cut
         #: Its response is an SSE stream whose headers are sent (set by the stream stages).
         self.streaming = False
-        #: The drain deadline reached it.
-        self.cut = False
+        #: Why it was cut (the drain deadline, its key revoked); None while it may run.
+        self.cut: Interrupted | None = None
+        #: Whose it is, once authenticated (set by the authenticate stage): what a key's or
+        #: a tenant's change is matched against.
+        self.key_digest = ""
+        self.tenant_id = ""
         self.scopes: list[asyncio.Timeout] = []
 
     def scope(self) -> CutScope:
         return CutScope(self)
 
-    def _expire(self) -> None:
-        if self.cut:
+    def _expire(self, why: Interrupted) -> None:
+        if self.cut is not None:
             return  # once: its scope is already expiring
-        self.cut = True
+        self.cut = why
         if self.scopes:
             self.scopes[-1].reschedule(asyncio.get_running_loop().time())
 
@@ -231,7 +239,7 @@ def cut_scope(flight: InFlight | None) -> contextlib.AbstractAsyncContextManager
 
 @dataclass(frozen=True, slots=True)
 class Cut:
-    """What the drain deadline ended: live SSE streams, and requests with no response yet."""
+    """What a cut ended: live SSE streams, and requests with no response yet."""
 
     streams: int
     requests: int
@@ -257,11 +265,13 @@ class Lifecycle:
         return len(self._live)
 
     @contextlib.asynccontextmanager
-    async def request(self) -> AsyncIterator[InFlight]:
+    async def request(self, trace_id: str = "") -> AsyncIterator[InFlight]:
         """One request in flight, cuttable anywhere inside (its outermost :class:`CutScope`:
-        a cut request that has sent nothing gets a 503 from the error boundary)."""
-        flight = InFlight()
-        flight.cut = self._past_deadline
+        a cut request that has sent nothing gets its error's status from the error
+        boundary)."""
+        flight = InFlight(trace_id)
+        if self._past_deadline:
+            flight.cut = _shutting_down()
         self._live.add(flight)
         try:
             async with flight.scope():
@@ -288,11 +298,26 @@ class Lifecycle:
         its stage's ``finally`` clauses cancel the worker call and settle its usage as for
         any request that ends early."""
         self._past_deadline = True
-        streams = 0
+        return self.cut_where(lambda _: True, _shutting_down())
+
+    def live(self) -> list[InFlight]:
+        """The requests in flight now."""
+        return list(self._live)
+
+    def cut_where(self, match: Callable[[InFlight], bool], why: Interrupted) -> Cut:
+        """End every request in flight that ``match`` picks, with ``why`` (its last SSE event,
+        or its response): a revoked key's, a disabled tenant's."""
+        streams = requests = 0
         for flight in list(self._live):
-            streams += flight.streaming
-            flight._expire()
-        return Cut(streams=streams, requests=len(self._live) - streams)
+            if flight.cut is None and match(flight):
+                streams += flight.streaming
+                requests += not flight.streaming
+                flight._expire(why)
+        return Cut(streams=streams, requests=requests)
+
+
+def _shutting_down() -> ShuttingDown:
+    return ShuttingDown(SHUTTING_DOWN_MESSAGE, retry_after_s=1.0)
 
 
 def client_ip(request: web.BaseRequest) -> str:

@@ -12,16 +12,27 @@ They extend that tree, so the error boundary renders them like every other error
     │   ├── TransferCodingNotImplemented
     │   │                        501  a Transfer-Encoding other than chunked
     │   └── HeadersTooLarge      431  a header line, field or count over the limit
-    ├── Unavailable
-    │   └── ShuttingDown         503  still running when the edge's drain grace ended
+    ├── Interrupted               a request the edge ended while it ran (guard.InFlight)
+    │   ├── ShuttingDown         503  still running when the edge's drain grace ended
+    │   ├── KeyRevoked           401  its API key was revoked (or expired) meanwhile
+    │   └── TenantDisabled       403  its organization was disabled meanwhile
     └── Conflict                 409  admin API: the tenant already exists
+
+(each ``Interrupted`` also derives from the error it is a case of: ``Unavailable``,
+``AuthenticationFailed``, ``PermissionDenied``, so a handler of those sees it.)
 
 They live here until another service needs them (then they belong in services.common).
 """
 
 from __future__ import annotations
 
-from services.common.errors import InvalidRequest, MeridianError, Unavailable
+from services.common.errors import (
+    AuthenticationFailed,
+    InvalidRequest,
+    MeridianError,
+    PermissionDenied,
+    Unavailable,
+)
 
 
 class RequestTimeout(InvalidRequest):
@@ -60,9 +71,27 @@ class Conflict(MeridianError):
     default_code = "conflict"
 
 
-class ShuttingDown(Unavailable):
+class Interrupted(MeridianError):
+    """A request the edge ended while it ran (:meth:`services.edge.guard.Lifecycle.cut`): its
+    own status before its response started, the stream's last SSE event (then ``[DONE]``)
+    after; either way the worker call is cancelled and the usage settled."""
+
+
+class ShuttingDown(Unavailable, Interrupted):
     """A request still running when the edge's drain grace ended (services/edge/guard.py:
-    :class:`~services.edge.guard.Lifecycle`): a 503 before its response started, the
-    stream's last SSE event (then ``[DONE]``) after."""
+    :class:`~services.edge.guard.Lifecycle`)."""
 
     default_code = "edge_shutting_down"
+
+
+class KeyRevoked(AuthenticationFailed, Interrupted):
+    """A request whose API key was revoked (or reached its expiry and was re-checked) while
+    it ran (services/edge/tenancy/revocation.py): a leaked key's long streams end too."""
+
+    default_code = "invalid_api_key"
+
+
+class TenantDisabled(PermissionDenied, Interrupted):
+    """A request whose organization was disabled while it ran."""
+
+    default_code = "tenant_disabled"

@@ -55,6 +55,7 @@ from services.edge.stages.validate import RequestLimits
 from services.edge.tenancy.apikeys import KeyHasher
 from services.edge.tenancy.auth import AuthConfig, Authenticator
 from services.edge.tenancy.directory import Directory
+from services.edge.tenancy.revocation import InFlightRevocation
 from services.edge.tls import TlsConfig, server_context
 from services.edge.upstream.failover import FailoverPolicy
 from services.edge.upstream.resilient_router import ResilientRouter, ViewConfig
@@ -178,6 +179,13 @@ class EdgeServer:
         self.router = ResilientRouter(
             client=router, clock=clock, counters=self.counters, config=config.view
         )
+        lifecycle = Lifecycle()
+        self.revocation = InFlightRevocation(
+            auth=self.auth,
+            lifecycle=lifecycle,
+            counters=self.counters,
+            tracer=telemetry.tracer if telemetry else None,
+        )
         guard = config.guard
         streams = Occupancy(max_total=guard.max_streams, max_per_ip=guard.max_streams_per_ip)
         self.telemetry = EdgeTelemetry(
@@ -194,7 +202,7 @@ class EdgeServer:
             router=self.router,
             workers=workers or WorkerPool(config.worker_transport, self.counters),
             counters=self.counters,
-            lifecycle=Lifecycle(),
+            lifecycle=lifecycle,
             connections=Occupancy(
                 max_total=guard.max_connections, max_per_ip=guard.max_connections_per_ip
             ),
@@ -379,6 +387,7 @@ class EdgeServer:
             with contextlib.suppress(asyncio.CancelledError):
                 await task
         self._tasks.clear()
+        await self.revocation.close()
         await self.web.hub.aclose()
         await self.limiter.close()
         if self._admin_runner is not None:

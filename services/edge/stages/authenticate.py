@@ -19,5 +19,8 @@ class Authenticate:
         self._auth = auth
 
     async def __call__(self, ctx: ChatContext, call_next: Next) -> web.StreamResponse:
-        ctx.principal = await self._auth.from_request(ctx.request)
+        ctx.principal = principal = await self._auth.from_request(ctx.request)
+        if ctx.in_flight is not None:  # what a revocation while it runs is matched against
+            ctx.in_flight.key_digest = principal.digest
+            ctx.in_flight.tenant_id = principal.tenant.tenant_id
         return await call_next(ctx)

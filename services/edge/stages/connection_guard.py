@@ -11,6 +11,7 @@ from services.common.errors import Overloaded, RateLimited, Unavailable
 from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
 from services.edge.guard import Lifecycle, Occupancy, Refusal, client_ip
+from services.edge.middleware.telemetry import TRACE_ID
 from services.edge.pipeline import Next
 
 
@@ -37,7 +38,7 @@ class ConnectionGuard:
             self._counters.streams_refused_edge += 1
             raise Overloaded("This edge is at its concurrent request limit.", retry_after_s=1.0)
         try:
-            async with self._lifecycle.request() as flight:
+            async with self._lifecycle.request(ctx.request.get(TRACE_ID, "")) as flight:
                 ctx.in_flight = flight
                 return await call_next(ctx)
         finally:

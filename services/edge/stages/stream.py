@@ -18,12 +18,14 @@ the reservation with the tokens generated so far (``ctx.tokens_used``, updated p
 client that stops *reading* is treated the same way once one write has waited
 ``write_timeout_s``: its connection is aborted.
 
-Drain deadline: a request still running when the edge's drain grace ends is cut
-(:meth:`services.edge.guard.Lifecycle.cut`) in the scope it is in: an SSE stream whose headers
-are sent gets one last ``error`` event (:class:`~services.edge.httperrors.ShuttingDown`, the
-format of any mid-stream error) and ``[DONE]``, written within :data:`CUT_WRITE_TIMEOUT_S`;
-one that has sent nothing, a 503. Either way the worker call is cancelled and the reservation
-settled with the tokens used, as for a client that leaves.
+Cuts: a request still running when the edge's drain grace ends, or whose key is revoked
+meanwhile, is cut (:meth:`services.edge.guard.Lifecycle.cut`, ``cut_where``) in the scope it is
+in: an SSE stream whose headers are sent gets one last ``error`` event (the cut's
+:class:`~services.edge.httperrors.Interrupted`: ``edge_shutting_down``, ``invalid_api_key``,
+in the format of any mid-stream error) and ``[DONE]``, written within
+:data:`CUT_WRITE_TIMEOUT_S`; one that has sent nothing, its status (503, 401). Either way the
+worker call is cancelled and the reservation settled with the tokens used, as for a client
+that leaves.
 """
 
 from __future__ import annotations
@@ -46,7 +48,7 @@ from services.edge.chunk_merge import merge_while_behind
 from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
 from services.edge.guard import cut_scope
-from services.edge.httperrors import ShuttingDown
+from services.edge.httperrors import Interrupted
 from services.edge.migration.driver import MigratingStream
 from services.edge.migration.policy import MigrationPolicy
 from services.edge.migration.refusal import migration_refusal
@@ -363,7 +365,7 @@ class Stream:
                     await self._write(ctx, resp, render.usage(last.usage, ext))
                 await self._write(ctx, resp, SSE_DONE)
                 self._counters.completions += 1
-        except ShuttingDown as err:
+        except Interrupted as err:
             stream.cancel()  # the worker stops now, not after the last write
             await self._end_cut(ctx, resp, err)
         except MeridianError as err:
@@ -438,10 +440,10 @@ class Stream:
             self._counters.client_disconnects += 1
             raise ClientGone from None
 
-    async def _end_cut(self, ctx: ChatContext, resp: web.StreamResponse, err: ShuttingDown) -> None:
-        """A stream cut at the drain deadline: its last event says why, then ``[DONE]``, in
-        one write bounded by :data:`CUT_WRITE_TIMEOUT_S` (a client that does not read is cut
-        off); the connection closes after it (the drain marked it so)."""
+    async def _end_cut(self, ctx: ChatContext, resp: web.StreamResponse, err: Interrupted) -> None:
+        """A stream cut (the drain deadline, its key revoked): its last event says why, then
+        ``[DONE]``, in one write bounded by :data:`CUT_WRITE_TIMEOUT_S` (a client that does
+        not read is cut off)."""
         try:
             async with asyncio.timeout(CUT_WRITE_TIMEOUT_S):
                 await resp.write(sse_data(err.to_openai()) + SSE_DONE)
@@ -491,7 +493,7 @@ class Stream:
         except ClientGone:
             assert resp is not None
             return resp
-        except ShuttingDown as err:
+        except Interrupted as err:
             if resp is None:
                 raise  # nothing sent yet: a 503
             await self._end_cut(ctx, resp, err)

@@ -24,7 +24,7 @@ from services.common.errors import MeridianError, Unavailable
 from services.common.logs import event
 from services.edge.context import ChatContext
 from services.edge.guard import cut_scope
-from services.edge.httperrors import ShuttingDown
+from services.edge.httperrors import Interrupted
 from services.edge.offload import answer_items, json_answer
 from services.edge.openai_completions import CompletionRequest
 from services.edge.openai_types import now_s
@@ -248,7 +248,7 @@ class CompletionStream(Stream):
                     await self._write(ctx, resp, render.usage(_summed(choices)))
                 await self._write(ctx, resp, SSE_DONE)
                 self._counters.completions += 1
-        except ShuttingDown as err:
+        except Interrupted as err:
             for c in choices:
                 c.upstream.cancel()  # the workers stop now, not after the last write
             await self._end_cut(ctx, resp, err)

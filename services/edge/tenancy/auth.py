@@ -19,6 +19,7 @@ import asyncio
 import contextlib
 import logging
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -30,12 +31,16 @@ from services.common.errors import AuthenticationFailed, PermissionDenied, Unava
 from services.common.logs import event
 from services.edge.breaker import Breaker, BreakerOpen
 from services.edge.counters import EdgeCounters
+from services.edge.httperrors import Interrupted, KeyRevoked, TenantDisabled
 from services.edge.redisconn import REDIS_FAILURES, RedisClient, open_pubsub
 from services.edge.tenancy.apikeys import KeyHasher, KeyRecord, looks_like_key
 from services.edge.tenancy.directory import EVENTS_CHANNEL, Directory
 from services.edge.tenancy.tenants import Limits, Tenant
 
 log = logging.getLogger("meridian.edge.auth")
+
+_DISABLED = "The organization of this API key is disabled."
+_REVOKED = "The API key of this request was revoked while the request ran."
 
 _NO_KEY = (
     "You didn't provide an API key. You need to provide your API key in an Authorization "
@@ -47,6 +52,9 @@ _NO_KEY = (
 class Principal:
     key: KeyRecord
     tenant: Tenant
+    #: The key's HMAC digest (what Redis and the invalidation events name it by; never the
+    #: key itself): a request in flight is matched against a key event by it.
+    digest: str = ""
 
     @property
     def key_limits(self) -> Limits:
@@ -125,6 +133,9 @@ class Authenticator:
         self._cache: OrderedDict[str, _Entry] = OrderedDict()
         self._negative: dict[str, float] = {}
         self._loading: dict[str, asyncio.Task[Principal | None]] = {}
+        #: Told of every invalidation after it is applied, as (kind, value): ``key``/digest,
+        #: ``tenant``/id, or ``all`` (events may have been missed).
+        self.on_change: Callable[[str, str], None] | None = None
 
     async def from_request(self, request: web.Request) -> Principal:
         try:
@@ -177,9 +188,7 @@ class Authenticator:
             return self._refuse()
         if principal.tenant.disabled:
             self._counters.auth_disabled_tenant += 1
-            raise PermissionDenied(
-                "The organization of this API key is disabled.", code="tenant_disabled"
-            )
+            raise PermissionDenied(_DISABLED, code="tenant_disabled")
         return principal
 
     def _refuse(self) -> Principal:
@@ -216,7 +225,7 @@ class Authenticator:
         tenant = await self._directory.get_tenant(record.tenant)
         if tenant is None:
             return None
-        return Principal(key=record, tenant=tenant)
+        return Principal(key=record, tenant=tenant, digest=digest)
 
     def _remember(self, digest: str, principal: Principal | None) -> None:
         now = self._clock.monotonic()
@@ -247,10 +256,12 @@ class Authenticator:
         if kind == "key":
             self._cache.pop(value, None)
             self._negative.pop(value, None)
+            self._changed("key", value)
         elif kind == "tenant":
             for entry in self._cache.values():
                 if entry.principal.tenant.tenant_id == value:
                     entry.fresh_until = 0.0
+            self._changed("tenant", value)
         else:
             self.expire_all()
 
@@ -259,6 +270,26 @@ class Authenticator:
         for entry in self._cache.values():
             entry.fresh_until = 0.0
         self._negative.clear()
+        self._changed("all", "")
+
+    def _changed(self, kind: str, value: str) -> None:
+        if self.on_change is not None:
+            self.on_change(kind, value)
+
+    async def recheck(self, digest: str) -> Interrupted | None:
+        """Whether a request already admitted under this key may go on: the error to end it
+        with when its key is revoked, expired or gone, or its tenant disabled; None when it
+        may (or when Redis cannot tell now: a running request is not ended on a guess)."""
+        try:
+            principal = await self._lookup(digest)
+        except REDIS_FAILURES as err:
+            event(log, "auth.recheck_unavailable", level=logging.WARNING, error=type(err).__name__)
+            return None
+        if principal is None or not principal.key.usable(int(self._clock.time() * 1000)):
+            return KeyRevoked(_REVOKED)
+        if principal.tenant.disabled:
+            return TenantDisabled(_DISABLED)
+        return None
 
     async def listen(self, client: RedisClient, stop: asyncio.Event) -> None:
         """Follow :data:`EVENTS_CHANNEL` until ``stop``; reconnects with backoff.

@@ -15,6 +15,7 @@ from services.common.clock import ManualClock
 from services.common.errors import AuthenticationFailed, PermissionDenied, Unavailable
 from services.edge.breaker import Breaker
 from services.edge.counters import EdgeCounters
+from services.edge.httperrors import KeyRevoked, TenantDisabled
 from services.edge.tenancy.apikeys import KeyHasher, new_raw_key
 from services.edge.tenancy.auth import AuthConfig, Authenticator
 from services.edge.tenancy.directory import EVENTS_CHANNEL, Directory
@@ -211,3 +212,54 @@ async def test_an_edge_that_fails_closed_serves_nothing_stale(tmp_path: Path) ->
     finally:
         await env.client.aclose()
         server.stop()
+
+
+async def test_a_recheck_says_what_ends_a_running_request(env: Env) -> None:
+    """What services/edge/tenancy/revocation.py cuts a request in flight with: nothing for a
+    usable key (a rotated one within its grace too), the 401 for a revoked or deleted one,
+    the 403 for a disabled tenant — each read from Redis, not the cache."""
+    kept, kept_record = await env.directory.create_key("acme")
+    revoked, revoked_record = await env.directory.create_key("acme")
+    principal = await env.auth.verify(kept)
+    assert principal.digest == HASHER.digest(kept)
+    assert await env.auth.recheck(HASHER.digest(kept)) is None
+    await env.directory.rotate_key(kept_record.key_id, grace_s=60.0)
+    assert await env.auth.recheck(HASHER.digest(kept)) is None
+
+    await env.auth.verify(revoked)  # cached: the recheck must not trust that
+    await env.directory.revoke_key(revoked_record.key_id)
+    env.auth.invalidate(f"key:{HASHER.digest(revoked)}")
+    why = await env.auth.recheck(HASHER.digest(revoked))
+    assert isinstance(why, KeyRevoked)
+    assert (why.http_status, why.code) == (401, "invalid_api_key")
+    assert isinstance(await env.auth.recheck(HASHER.digest(new_raw_key())), KeyRevoked)
+
+    await env.directory.update_tenant("acme", TenantPatch(disabled=True))
+    env.auth.invalidate("tenant:acme")
+    why = await env.auth.recheck(HASHER.digest(kept))
+    assert isinstance(why, TenantDisabled)
+    assert (why.http_status, why.code) == (403, "tenant_disabled")
+
+
+async def test_a_recheck_while_redis_is_down_ends_nothing(tmp_path: Path) -> None:
+    server = RedisProcess(tmp_path / "redis")
+    server.start()
+    env = await make_env(server.url)
+    try:
+        raw, record = await env.directory.create_key("acme")
+        await env.directory.revoke_key(record.key_id)
+        server.stop()
+        assert await env.auth.recheck(HASHER.digest(raw)) is None
+    finally:
+        await env.client.aclose()
+        server.stop()
+
+
+async def test_every_invalidation_is_passed_on_after_it_is_applied(env: Env) -> None:
+    seen: list[tuple[str, str]] = []
+    env.auth.on_change = lambda kind, value: seen.append((kind, value))
+    env.auth.invalidate("key:abc")
+    env.auth.invalidate("tenant:acme")
+    env.auth.invalidate("something-new")
+    env.auth.expire_all()
+    assert seen == [("key", "abc"), ("tenant", "acme"), ("all", ""), ("all", "")]
