@@ -35,6 +35,12 @@ class SimConfigError(ValueError):
         self.key = key
 
 
+#: The largest simulated embedding: the worker keeps up to 16,384 token directions
+#: (``sim/embed.py``), 8 bytes per dimension each — 512 MiB at this size, 32 MiB at the
+#: default 256. Real embedding models stop near here too (4,096 for the largest in common use).
+MAX_EMBEDDING_DIMENSIONS = 4096
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class SimConfig:
     """Settings of one simulated inference server (all durations in milliseconds or seconds of
@@ -86,7 +92,8 @@ class SimConfig:
     embeddings: bool = True
     """Serve POST /v1/embeddings: deterministic unit vectors (see ``sim/embed.py``)."""
     embedding_dimensions: int = 256
-    """Size of the simulated embeddings; ``dimensions`` may ask for fewer (Matryoshka-style)."""
+    """Size of the simulated embeddings; ``dimensions`` may ask for fewer (Matryoshka-style).
+    At most :data:`MAX_EMBEDDING_DIMENSIONS`: the token directions kept grow with it."""
 
     def __post_init__(self) -> None:
         if not self.models:
@@ -107,6 +114,11 @@ class SimConfig:
         ):
             _require_int(key, getattr(self, key), minimum=1)
         _require_int("output_len_max", self.output_len_max, minimum=self.output_len_min)
+        if self.embedding_dimensions > MAX_EMBEDDING_DIMENSIONS:
+            raise SimConfigError(
+                "embedding_dimensions",
+                f"must be <= {MAX_EMBEDDING_DIMENSIONS}, got {self.embedding_dimensions}",
+            )
         if self.max_waiting is not None:
             _require_int("max_waiting", self.max_waiting, minimum=0)
         for key in ("prefill_ms_per_token", "decode_ms_per_seq", "load_delay_s"):

@@ -47,6 +47,8 @@ def test_is_frozen_and_keyword_only() -> None:
         ({"load_delay_s": -1.0}, "load_delay_s"),
         ({"output_len_min": 0}, "output_len_min"),
         ({"output_len_min": 50, "output_len_max": 40}, "output_len_max"),
+        ({"embedding_dimensions": 0}, "embedding_dimensions"),
+        ({"embedding_dimensions": 4097}, "embedding_dimensions"),
         ({"max_waiting": -1}, "max_waiting"),
         ({"gpu_memory_utilization": 1.2}, "gpu_memory_utilization"),
         ({"gpu_memory_utilization": 0.0}, "gpu_memory_utilization"),
