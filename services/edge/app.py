@@ -48,6 +48,7 @@ from services.edge.stages.stream import Stream
 from services.edge.stages.stream_completion import CompletionStream
 from services.edge.stages.validate import RequestLimits, Validate
 from services.edge.tenancy.auth import Authenticator
+from services.edge.tenancy.revocation import InFlightRevocation
 from services.edge.upstream.failover import FailoverPolicy
 from services.edge.upstream.resilient_router import ResilientRouter
 from services.edge.upstream.worker_pool import WorkerPool
@@ -73,6 +74,8 @@ class EdgeDeps:
     request_limits: RequestLimits
     telemetry: EdgeTelemetry
     keepalive_after_s: float = 3.0
+    #: Ends requests whose key is revoked (or runs out) while they run.
+    revocation: InFlightRevocation | None = None
 
 
 DEPS = web.AppKey("deps", EdgeDeps)
@@ -85,7 +88,10 @@ def shared_stages(deps: EdgeDeps, dialect: Dialect) -> list[Stage]:
     """The stages every endpoint passes before its terminal, for ``dialect``'s endpoint."""
     return [
         ConnectionGuard(streams=deps.streams, lifecycle=deps.lifecycle, counters=deps.counters),
-        Authenticate(auth=deps.auth),
+        Authenticate(
+            auth=deps.auth,
+            expiring=deps.revocation.expires if deps.revocation is not None else None,
+        ),
         Validate(
             limits=deps.request_limits,
             body_timeout_s=deps.guard.body_timeout_s,

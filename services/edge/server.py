@@ -185,6 +185,7 @@ class EdgeServer:
             lifecycle=lifecycle,
             counters=self.counters,
             tracer=telemetry.tracer if telemetry else None,
+            clock=clock,
         )
         guard = config.guard
         streams = Occupancy(max_total=guard.max_streams, max_per_ip=guard.max_streams_per_ip)
@@ -215,6 +216,7 @@ class EdgeServer:
             request_limits=config.request_limits,
             keepalive_after_s=config.keepalive_after_s,
             telemetry=self.telemetry,
+            revocation=self.revocation,
         )
         self.web = self._web_state(config, redis, router, telemetry)
         self.app = build_app(self.deps, self.web)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import aiohttp
@@ -187,3 +188,50 @@ async def test_a_rotated_key_within_its_grace_keeps_its_stream(stack: Stack) -> 
         finally:
             await stream.stop()
     assert edge.counters.revoked_streams_cut == 0
+
+
+async def test_a_rotated_key_s_stream_ends_when_its_grace_runs_out(stack: Stack) -> None:
+    """No event comes when a rotation's grace period ends: the check the rotation made arms a
+    timer for it, and the stream ends then (not at its own end), saying the key expired; a
+    stream on another key goes on."""
+    edge = stack.edge
+    key = await edge.new_key("graceful")
+    (record,) = await edge.directory.list_keys("graceful")
+    async with aiohttp.ClientSession() as http:
+        stream, other = Reader(http, stack, key), Reader(http, stack, stack.key)
+        try:
+            await asyncio.wait_for(stream.first.wait(), 10.0)
+            await asyncio.wait_for(other.first.wait(), 10.0)
+            _, successor = await edge.directory.rotate_key(record.key_id, grace_s=1.0)
+            await asyncio.sleep(0.5)
+            assert stream.running  # within its grace
+            error = the_error(await stream.ended(5.0))
+            assert other.running
+        finally:
+            await stream.stop()
+            await other.stop()
+    assert error["code"] == "invalid_api_key"
+    assert "expired" in error["message"]
+    assert edge.counters.revoked_streams_cut == 1
+    assert successor.key_id != record.key_id
+
+
+async def test_a_stream_opened_on_a_key_that_expires_ends_when_it_does(stack: Stack) -> None:
+    """A key given an expiry at creation: a stream admitted under it arms the timer itself
+    (no check has run for it yet) and ends at that time."""
+    edge = stack.edge
+    await edge.new_key("expiring")
+    expires_ms = int(time.time() * 1000) + 1500
+    key, _ = await edge.directory.create_key("expiring", expires_ms=expires_ms)
+    async with aiohttp.ClientSession() as http:
+        stream = Reader(http, stack, key)
+        try:
+            await asyncio.wait_for(stream.first.wait(), 10.0)
+            checks = edge.counters.auth_rechecks
+            error = the_error(await stream.ended(6.0))
+        finally:
+            await stream.stop()
+    assert time.time() * 1000 >= expires_ms
+    assert edge.counters.auth_rechecks == checks + 1
+    assert error["code"] == "invalid_api_key"
+    assert "expired" in error["message"]

@@ -41,6 +41,10 @@ log = logging.getLogger("meridian.edge.auth")
 
 _DISABLED = "The organization of this API key is disabled."
 _REVOKED = "The API key of this request was revoked while the request ran."
+_EXPIRED = (
+    "The API key of this request expired while the request ran (its rotation grace period, "
+    "or its own expiry, ended)."
+)
 
 _NO_KEY = (
     "You didn't provide an API key. You need to provide your API key in an Authorization "
@@ -280,16 +284,34 @@ class Authenticator:
         """Whether a request already admitted under this key may go on: the error to end it
         with when its key is revoked, expired or gone, or its tenant disabled; None when it
         may (or when Redis cannot tell now: a running request is not ended on a guess)."""
+        known = self._cache.get(digest)
         try:
             principal = await self._lookup(digest)
         except REDIS_FAILURES as err:
             event(log, "auth.recheck_unavailable", level=logging.WARNING, error=type(err).__name__)
             return None
-        if principal is None or not principal.key.usable(int(self._clock.time() * 1000)):
+        now_ms = int(self._clock.time() * 1000)
+        if principal is None or not principal.key.usable(now_ms):
+            record = principal.key if principal is not None else None
+            if record is None and known is not None:
+                record = known.principal.key
+            if (
+                record is not None
+                and record.revoked_ms is None
+                and record.expires_ms is not None
+                and record.expires_ms <= now_ms
+            ):
+                return KeyRevoked(_EXPIRED)
             return KeyRevoked(_REVOKED)
         if principal.tenant.disabled:
             return TenantDisabled(_DISABLED)
         return None
+
+    def expires_ms(self, digest: str) -> int | None:
+        """When the cached key of ``digest`` stops working (epoch ms; a rotation's grace or
+        its own expiry), None if it does not or is not cached."""
+        entry = self._cache.get(digest)
+        return entry.principal.key.expires_ms if entry is not None else None
 
     async def listen(self, client: RedisClient, stop: asyncio.Event) -> None:
         """Follow :data:`EVENTS_CHANNEL` until ``stop``; reconnects with backoff.

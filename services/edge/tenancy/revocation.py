@@ -15,11 +15,15 @@ What is re-checked: a key event (revoke, rotation, expiry change) checks that ke
 event checks its keys in flight; a re-subscription (events may have been missed while the edge
 was not listening) checks every key in flight. A check that cannot reach Redis leaves the
 requests running — a running request is not ended on a guess; the next event checks again.
-A key whose rotation grace runs out has no event at that moment: its streams end at the next
-check, or at their own end.
+A key that stops working at a set time (a rotation's grace period, or an expiry given at
+creation) has no event at that moment: a request admitted under it arms one timer per key
+(:meth:`InFlightRevocation.expires`) that checks the key again just after that time, so its
+streams end with the grace period, not at their own end. A check that finds the key still
+usable arms the timer for its expiry as Redis now has it (a later rotation can move it).
 
-Cost: nothing per request or token (two attribute writes at authentication); per event, one
-pass over the requests in flight and one Redis lookup per distinct key concerned.
+Cost: nothing per request or token (two attribute writes at authentication, a dict look-up
+for a key that expires); per event, one pass over the requests in flight and one Redis lookup
+per distinct key concerned.
 """
 
 from __future__ import annotations
@@ -29,6 +33,7 @@ import logging
 
 from opentelemetry.trace import Tracer
 
+from services.common.clock import Clock, SystemClock
 from services.common.logs import event
 from services.edge.counters import EdgeCounters
 from services.edge.guard import InFlight, Lifecycle
@@ -38,6 +43,9 @@ log = logging.getLogger("meridian.edge.auth")
 
 #: Trace ids a cut's log line lists at most (the count is always whole).
 LOGGED_TRACES = 16
+#: How long after a key's expiry its timer checks it: the key must read as expired by then
+#: (``KeyRecord.usable`` compares milliseconds), and Redis's clock is not the edge's.
+EXPIRY_SLACK_S = 0.05
 
 
 class InFlightRevocation:
@@ -50,11 +58,16 @@ class InFlightRevocation:
         lifecycle: Lifecycle,
         counters: EdgeCounters,
         tracer: Tracer | None = None,
+        clock: Clock | None = None,
     ) -> None:
         self._auth = auth
         self._lifecycle = lifecycle
         self._counters = counters
         self._tracer = tracer
+        self._clock = clock or SystemClock()
+        #: Keys with requests admitted that stop working at a set time: that time (epoch ms)
+        #: and the timer that checks them just after it. One per key, the earliest.
+        self._expiring: dict[str, tuple[int, asyncio.TimerHandle]] = {}
         #: Keys being checked, and whether another event for one came meanwhile (check again:
         #: the lookup in progress may have read Redis before that change).
         self._checking: dict[str, bool] = {}
@@ -74,6 +87,23 @@ class InFlightRevocation:
             task = asyncio.get_running_loop().create_task(self._check(digest))
             self._tasks.add(task)
             task.add_done_callback(self._tasks.discard)
+
+    def expires(self, digest: str, expires_ms: int) -> None:
+        """A request was admitted under a key that stops working at ``expires_ms`` (epoch
+        ms): check that key again just after then. A timer already set for the key at that
+        time or earlier stands (its check sets the next one if the key is still usable)."""
+        armed = self._expiring.get(digest)
+        if armed is not None:
+            if armed[0] <= expires_ms:
+                return
+            armed[1].cancel()
+        delay = max(0.0, expires_ms / 1000.0 - self._clock.time()) + EXPIRY_SLACK_S
+        handle = asyncio.get_running_loop().call_later(delay, self._expired, digest)
+        self._expiring[digest] = (expires_ms, handle)
+
+    def _expired(self, digest: str) -> None:
+        self._expiring.pop(digest, None)
+        self.changed("key", digest)
 
     async def _check(self, digest: str) -> None:
         try:
@@ -96,6 +126,11 @@ class InFlightRevocation:
                 why = await self._auth.recheck(digest)
                 span.set_attribute("meridian.auth.cut", why is not None)
         if why is None:
+            expires_ms = self._auth.expires_ms(digest)
+            if expires_ms is not None and any(
+                f.key_digest == digest for f in self._lifecycle.live()
+            ):
+                self.expires(digest, expires_ms)
             return
         concerned = [f for f in self._lifecycle.live() if f.key_digest == digest]
         cut = self._lifecycle.cut_where(lambda f: f.key_digest == digest, why)
@@ -115,7 +150,10 @@ class InFlightRevocation:
         )
 
     async def close(self) -> None:
-        """Cancel the checks in progress (the edge is stopping)."""
+        """Cancel the checks in progress and the expiry timers (the edge is stopping)."""
+        for _, handle in self._expiring.values():
+            handle.cancel()
+        self._expiring.clear()
         tasks = list(self._tasks)
         for task in tasks:
             task.cancel()

@@ -241,6 +241,25 @@ async def test_a_recheck_says_what_ends_a_running_request(env: Env) -> None:
     assert (why.http_status, why.code) == (403, "tenant_disabled")
 
 
+async def test_a_recheck_after_a_rotation_grace_ran_out_says_the_key_expired(env: Env) -> None:
+    """The check the expiry timer makes (no event: the key is still cached) tells the client
+    its key expired, not that somebody revoked it; the cache learns the new expiry first."""
+    raw, record = await env.directory.create_key("acme")
+    digest = HASHER.digest(raw)
+    await env.auth.verify(raw)
+    assert env.auth.expires_ms(digest) is None
+    await env.directory.rotate_key(record.key_id, grace_s=30.0)
+    assert await env.auth.recheck(digest) is None
+    ends = env.auth.expires_ms(digest)
+    assert ends == int(env.clock.time() * 1000) + 30_000
+    env.clock.advance(30.0)
+    why = await env.auth.recheck(digest)
+    assert isinstance(why, KeyRevoked)
+    assert (why.http_status, why.code) == (401, "invalid_api_key")
+    assert "expired" in why.message
+    assert env.auth.expires_ms(digest) is None  # no longer cached
+
+
 async def test_a_recheck_while_redis_is_down_ends_nothing(tmp_path: Path) -> None:
     server = RedisProcess(tmp_path / "redis")
     server.start()

@@ -5,6 +5,7 @@ answers what the test says; the lifecycle and its cut scopes are the real ones."
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import cast
 
@@ -26,6 +27,11 @@ class StandIn:
         self.asked: list[str] = []
         self.release = asyncio.Event()
         self.release.set()
+        #: what ``expires_ms`` answers: the key's expiry as the last lookup read it
+        self.expiry: dict[str, int] = {}
+
+    def expires_ms(self, digest: str) -> int | None:
+        return self.expiry.get(digest)
 
     async def recheck(self, digest: str) -> Interrupted | None:
         self.asked.append(digest)
@@ -199,3 +205,75 @@ async def test_a_cut_request_that_enters_a_new_scope_is_refused_at_once() -> Non
 def test_in_flight_knows_nobody_until_authenticated() -> None:
     flight = InFlight()
     assert (flight.key_digest, flight.tenant_id, flight.cut) == ("", "", None)
+
+
+def in_ms(seconds: float) -> int:
+    """The epoch millisecond ``seconds`` from now (what a key's ``expires_ms`` holds)."""
+    return int((time.time() + seconds) * 1000)
+
+
+async def test_a_key_that_runs_out_is_checked_again_just_after_and_its_requests_end(
+    world: tuple[StandIn, Running, InFlightRevocation, EdgeCounters],
+) -> None:
+    """A rotation's grace period ending sends no event: the timer is the only check."""
+    auth, running, revocation, counters = world
+    auth.verdicts["da"] = KeyRevoked("expired")
+    revocation.expires("da", in_ms(0.2))
+    await asyncio.sleep(0.1)
+    assert auth.asked == []  # not before it runs out
+    await asyncio.sleep(0.4)
+    assert auth.asked == ["da"]
+    assert running.cut() == {"a1", "a2"}
+    assert counters.revoked_requests_cut == 2
+
+
+async def test_a_key_still_usable_at_its_timer_is_watched_until_its_new_expiry(
+    world: tuple[StandIn, Running, InFlightRevocation, EdgeCounters],
+) -> None:
+    """The timer's check reads the key's expiry as Redis has it now (moved later, say) and
+    arms itself again for that."""
+    auth, running, revocation, _ = world
+    auth.expiry["db"] = in_ms(0.4)
+    revocation.expires("db", in_ms(0.05))
+    await asyncio.sleep(0.25)
+    assert auth.asked == ["db"]
+    assert running.cut() == set()
+    auth.verdicts["db"] = KeyRevoked("expired")
+    await asyncio.sleep(0.45)
+    assert auth.asked == ["db", "db"]
+    assert running.cut() == {"b"}
+
+
+async def test_an_earlier_expiry_replaces_a_later_timer_and_a_later_one_does_not(
+    world: tuple[StandIn, Running, InFlightRevocation, EdgeCounters],
+) -> None:
+    auth, running, revocation, _ = world
+    auth.verdicts["dc"] = KeyRevoked("expired")
+    revocation.expires("dc", in_ms(60))
+    revocation.expires("dc", in_ms(0.1))
+    revocation.expires("dc", in_ms(30))  # a request admitted under a later expiry
+    await asyncio.sleep(0.4)
+    assert auth.asked == ["dc"]
+    assert running.cut() == {"c"}
+
+
+async def test_a_timer_for_a_key_with_nothing_in_flight_checks_nothing(
+    world: tuple[StandIn, Running, InFlightRevocation, EdgeCounters],
+) -> None:
+    auth, running, revocation, _ = world
+    revocation.expires("gone", in_ms(0.05))
+    await asyncio.sleep(0.25)
+    assert auth.asked == []
+    assert running.cut() == set()
+
+
+async def test_closing_cancels_the_expiry_timers(
+    world: tuple[StandIn, Running, InFlightRevocation, EdgeCounters],
+) -> None:
+    auth, running, revocation, _ = world
+    auth.verdicts["da"] = KeyRevoked("expired")
+    revocation.expires("da", in_ms(0.1))
+    await revocation.close()
+    await asyncio.sleep(0.3)
+    assert auth.asked == []
+    assert running.cut() == set()
