@@ -74,6 +74,7 @@ class EdgeDeps:
     request_limits: RequestLimits
     telemetry: EdgeTelemetry
     keepalive_after_s: float = 3.0
+    keepalive_every_s: float = 10.0
     #: Ends requests whose key is revoked (or runs out) while they run.
     revocation: InFlightRevocation | None = None
 
@@ -114,6 +115,7 @@ def completions_stages(deps: EdgeDeps) -> tuple[list[Stage], TerminalStage]:
             counters=deps.counters,
             telemetry=deps.telemetry,
             keepalive_after_s=deps.keepalive_after_s,
+            keepalive_every_s=deps.keepalive_every_s,
             write_timeout_s=deps.guard.write_timeout_s,
         ),
     )
@@ -146,6 +148,7 @@ def chat_stages(deps: EdgeDeps) -> tuple[list[Stage], TerminalStage]:
             counters=deps.counters,
             telemetry=deps.telemetry,
             keepalive_after_s=deps.keepalive_after_s,
+            keepalive_every_s=deps.keepalive_every_s,
             write_timeout_s=deps.guard.write_timeout_s,
         ),
     )

@@ -78,6 +78,8 @@ def _workers(value: str) -> int:
 
 
 _positive = cli.positive_float
+#: An SSE keep-alive interval: > 0, and at most an hour (a larger one is a typo, e.g. ms).
+_keepalive = cli.finite_float(0, 3600, low_open=True)
 _count = _integer(1)
 
 
@@ -145,6 +147,20 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--view-refresh-s", type=_positive, default=2.0)
     u.add_argument("--view-max-age-s", type=_positive, default=300.0)
     u.add_argument("--drain-grace-s", type=_positive, default=10.0)
+    u.add_argument(
+        "--sse-keepalive-after-s",
+        type=_keepalive,
+        default=3.0,
+        help="a stream with no first token yet gets its headers and a first SSE comment "
+        "after this long (seconds)",
+    )
+    u.add_argument(
+        "--sse-keepalive-every-s",
+        type=_keepalive,
+        default=10.0,
+        help="then an SSE comment this often until the first token, so proxies with an idle "
+        "timeout do not close it (seconds; below their idle timeout)",
+    )
     u.add_argument(
         "--worker-transport",
         choices=WORKER_TRANSPORTS,
@@ -282,6 +298,8 @@ def config_from_args(args: argparse.Namespace) -> EdgeConfig:
         migration=_migration_policy(args),
         worker_transport=args.worker_transport,
         drain_grace_s=args.drain_grace_s,
+        keepalive_after_s=args.sse_keepalive_after_s,
+        keepalive_every_s=args.sse_keepalive_every_s,
         web=_web_config(args),
         reuse_port=args.process_count > 1,
     )

@@ -99,7 +99,10 @@ class EdgeConfig:
     #: How token streams reach workers: one Generate call each, or all of a worker's over
     #: one GenerateMux call (services/edge/upstream/worker_pool.py).
     worker_transport: WorkerTransport = "mux"
+    #: SSE before the first token: headers and a comment after ``keepalive_after_s``, then
+    #: a comment every ``keepalive_every_s`` (services/edge/stages/stream.py).
     keepalive_after_s: float = 3.0
+    keepalive_every_s: float = 10.0
     drain_grace_s: float = 10.0
     #: Listen with SO_REUSEPORT: one of several edge processes on one port
     #: (``--workers``, services/edge/supervisor.py).
@@ -125,6 +128,8 @@ class EdgeConfig:
             token_digest(self.admin_token)  # raises if too short
         if not self.drain_grace_s > 0 or not self.keepalive_after_s > 0:
             raise ValueError("drain_grace_s and keepalive_after_s must be > 0")
+        if not self.keepalive_every_s > 0:
+            raise ValueError("keepalive_every_s must be > 0")
 
 
 def connect_redis(url: str, *, timeout_s: float = 1.0, max_connections: int = 256) -> RedisClient:
@@ -215,6 +220,7 @@ class EdgeServer:
             guard=guard,
             request_limits=config.request_limits,
             keepalive_after_s=config.keepalive_after_s,
+            keepalive_every_s=config.keepalive_every_s,
             telemetry=self.telemetry,
             revocation=self.revocation,
         )

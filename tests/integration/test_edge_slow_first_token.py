@@ -161,3 +161,49 @@ async def test_a_failure_after_the_headers_went_out_is_an_error_event_and_done(
     assert "did not produce a first token in time" in errors[0]["message"]
     assert not [e for e in seen.events if "choices" in e]  # no token before the error
     assert impatient_stack.edge.counters.stream_errors == 1
+
+
+@pytest.fixture
+async def chatty_stack(redis_url: str) -> AsyncIterator[Stack]:
+    """Keep-alive comments every 0.1 s once the headers went out (the default is 10 s)."""
+    s = await start_stack(
+        redis_url,
+        edge_config=edge_config(keepalive_after_s=KEEPALIVE_AFTER_S, keepalive_every_s=0.1),
+        prefill_ms_per_token=5.0,
+    )
+    yield s
+    await stop_stack(s)
+
+
+async def test_keepalive_comments_come_as_often_as_configured_until_the_first_token(
+    chatty_stack: Stack,
+) -> None:
+    """A proxy whose idle timeout is shorter than the default 10 s needs them more often:
+    ``keepalive_every_s`` (``--sse-keepalive-every-s``) sets it."""
+    comments = 0
+    first_data: float | None = None
+    start = time.monotonic()
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{chatty_stack.base_url}/chat/completions",
+            json={
+                "model": MODEL,
+                "messages": [{"role": "user", "content": PROMPT}],
+                "max_tokens": 4,
+                "stream": True,
+            },
+            headers={"Authorization": f"Bearer {chatty_stack.key}"},
+        ) as resp,
+    ):
+        assert resp.status == 200
+        async for line in resp.content:
+            text = line.decode().strip()
+            if text.startswith(":") and first_data is None:
+                comments += 1
+            elif text.startswith("data: ") and first_data is None:
+                first_data = time.monotonic() - start
+    assert first_data is not None
+    # one comment when the headers go out (0.2 s), then one each 0.1 s until the first token
+    # (~0.6 s): at the 10-s default there would be just the first
+    assert comments >= 3, (comments, first_data)

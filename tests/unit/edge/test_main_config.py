@@ -69,6 +69,13 @@ def test_limits_and_failure_modes_reach_the_config() -> None:
     assert config.request_limits.max_messages == 10
 
 
+def test_sse_keepalive_timings_reach_the_config() -> None:
+    default = parse("--plain-http")
+    assert (default.keepalive_after_s, default.keepalive_every_s) == (3.0, 10.0)
+    config = parse("--plain-http", "--sse-keepalive-after-s", "1", "--sse-keepalive-every-s", "4")
+    assert (config.keepalive_after_s, config.keepalive_every_s) == (1.0, 4.0)
+
+
 def test_streams_go_over_generate_mux_unless_told_otherwise() -> None:
     assert parse("--plain-http").worker_transport == "mux"
     assert parse("--plain-http", "--worker-transport", "call").worker_transport == "call"
@@ -82,6 +89,9 @@ def test_streams_go_over_generate_mux_unless_told_otherwise() -> None:
         ["--redis-failure-mode", "maybe"],
         ["--port", "70000"],
         ["--worker-transport", "carrier-pigeon"],
+        ["--sse-keepalive-every-s", "0"],
+        ["--sse-keepalive-every-s", "nan"],
+        ["--sse-keepalive-after-s", "5000"],  # milliseconds, by mistake
     ],
 )
 def test_bad_values_stop_the_parser(bad: list[str]) -> None:
