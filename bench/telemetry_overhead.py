@@ -440,6 +440,7 @@ if __name__ == "__main__":
         choices=list(MODES),
         default=DEFAULT_MODES,
         metavar="MODE",
-        help=f"modes to run, of {list(MODES)} (default: {DEFAULT_MODES})",
+        # argparse %-formats help strings, and the modes' names have a % in them
+        help=f"modes to run, of {list(MODES)} (default: {DEFAULT_MODES})".replace("%", "%%"),
     )
     asyncio.run(main(parser.parse_args()))

@@ -85,3 +85,16 @@ def test_ctrl_c_ends_a_benchmark_in_one_line_as_interrupted() -> None:
     _, stderr = proc.communicate(timeout=60)
     assert stderr == "interrupted\n"
     assert proc.returncode == -signal.SIGINT  # ended by the signal: 130 in a shell
+
+
+def test_telemetry_overhead_help_lists_the_modes() -> None:
+    # Its --modes help names "traces 5%", and argparse %-formats help strings: --help
+    # (what docs/observability.md sends a user to first) used to end in a ValueError.
+    env = {**os.environ, "PYTHONPATH": f"{ROOT}{os.pathsep}{ROOT / 'build' / 'gen'}"}
+    done = subprocess.run(
+        [sys.executable, "-m", "bench.telemetry_overhead", "--help"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "'traces 5%'" in done.stdout
+    assert "Traceback" not in done.stderr
