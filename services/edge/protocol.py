@@ -35,6 +35,7 @@ from services.common.errors import (
     InternalError,
     InvalidRequest,
     MeridianError,
+    Unavailable,
 )
 from services.common.httpapp import SERVER_HEADER
 from services.common.logs import event
@@ -84,6 +85,7 @@ class GuardedRequestHandler(web.RequestHandler):
         self._header_timer: asyncio.TimerHandle | None = None
         self._in_request = False
         self._lingering = False
+        self._partial_request = False  # bytes of a request that has not started yet
         self._drain_waiters: list[asyncio.Future[None]] = []
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -148,14 +150,37 @@ class GuardedRequestHandler(web.RequestHandler):
     def data_received(self, data: bytes) -> None:
         if self._lingering:
             return  # the 408 is sent: what the client still trickles in is read and dropped
-        if data and not self._in_request and self._header_timer is None:
-            self._arm_header_timer()  # the first byte of the next request on this connection
+        if data and not self._in_request:
+            self._partial_request = True
+            if self._header_timer is None:
+                self._arm_header_timer()  # the first byte of the next request on this connection
         super().data_received(data)
+
+    def close(self) -> None:
+        """aiohttp's close — "no next request; close once the one running is answered", what
+        ``Server.pre_shutdown`` asks of every connection when the edge starts draining — and
+        what aiohttp leaves out for a connection that has no request running (an SDK's idle
+        keep-alive connection): it only stops reading it, and leaves it open until the
+        runner's shutdown, after the whole drain grace, so a request sent on it got no answer
+        for the grace and then a bare close. Such a connection closes now (one whose next
+        request had begun to arrive is answered 503 first), so clients retry elsewhere at once."""
+        waiter = self._waiter
+        idle = waiter is not None and not waiter.done() and not self._in_request
+        super().close()
+        if not idle or self.transport is None or self._lingering:
+            return
+        if self._partial_request:
+            self._answer_and_close(
+                Unavailable("This edge is shutting down; retry."), "Service Unavailable"
+            )
+        else:
+            self.force_close()
 
     # Called by the ip_guard middleware around each parsed request.
     def request_started(self) -> None:
         self._cancel_header_timer()
         self._in_request = True
+        self._partial_request = False
 
     def request_finished(self) -> None:
         self._in_request = False
@@ -179,10 +204,15 @@ class GuardedRequestHandler(web.RequestHandler):
         err = RequestTimeout(
             f"The request headers did not arrive within {self._config.header_timeout_s:g}s."
         )
+        self._answer_and_close(err, "Request Timeout")
+
+    def _answer_and_close(self, err: MeridianError, reason: str) -> None:
+        """Answer ``err`` on a connection with no request running, and close it."""
         transport = self.transport
-        transport.write(_raw_response(err, "Request Timeout"))
+        assert transport is not None
+        transport.write(_raw_response(err, reason))
         # A lingering close: closing a socket with unread input makes the kernel send a reset,
-        # which can reach the client before the 408 does. So stop parsing, half-close (plain
+        # which can reach the client before the answer does. So stop parsing, half-close (plain
         # TCP), keep reading and dropping for a moment, then close.
         self._lingering = True
         if transport.can_write_eof():

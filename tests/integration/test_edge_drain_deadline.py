@@ -213,3 +213,61 @@ async def test_a_completions_stream_left_at_the_deadline_is_cut_the_same_way(
     assert edge.counters.drain_requests_cut == 0
     assert edge.server.limiter.live_leases == 0
     await eventually(lambda: running(stack) == 0, timeout_s=1.0)
+
+
+async def test_idle_connections_close_when_the_drain_begins_not_at_its_end(
+    stack: Stack, redis_url: str
+) -> None:
+    """aiohttp's pre_shutdown only stops reading a kept-alive connection with no request
+    running (an SDK's pooled connection) and leaves it open: a request sent on it during the
+    drain got no answer for the whole grace, then a bare close. Such a connection now closes
+    when the drain begins (its client retries elsewhere at once), and one whose next request
+    had begun to arrive gets a 503 in the API's format first."""
+    grace_s = 3.0
+    edge = await start_edge(
+        redis_url=redis_url,
+        router_address=stack.router.address,
+        config=edge_config(drain_grace_s=grace_s),
+    )
+    host, port = edge.url.removeprefix("http://").rsplit(":", 1)
+    loop = asyncio.get_running_loop()
+    pooled_r, pooled_w = await asyncio.open_connection(host, int(port))
+    partial_r, partial_w = await asyncio.open_connection(host, int(port))
+    async with aiohttp.ClientSession() as http:
+        try:
+            pooled_w.write(b"GET /healthz HTTP/1.1\r\nHost: edge\r\n\r\n")
+            head = await asyncio.wait_for(pooled_r.readuntil(b"\r\n\r\n"), 5.0)
+            assert head.startswith(b"HTTP/1.1 200"), head
+            length = int(head.lower().split(b"content-length:")[1].split(b"\r\n")[0])
+            await pooled_r.readexactly(length)  # now idle, kept alive
+            partial_w.write(b"GET /healthz HTTP/1.1\r\nHost: edge\r\n")  # headers not done
+            await partial_w.drain()
+
+            # A live stream holds the drain open for the whole grace.
+            resp = await http.post(
+                f"{edge.url}/v1/chat/completions",
+                headers={"Authorization": f"Bearer {stack.key}"},
+                json={**LONG, "max_tokens": LONG_TOKENS},
+            )
+            assert resp.status == 200
+            await resp.content.readuntil(b"\n\n")
+            started = loop.time()
+            stopping = asyncio.create_task(edge.stop())
+
+            assert await asyncio.wait_for(pooled_r.read(), 1.0) == b""  # closed, at once
+            answer = await asyncio.wait_for(partial_r.read(), 1.0 + 1.5)  # + the linger
+            assert loop.time() - started < grace_s - 0.5
+            head, _, body = answer.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 503 "), answer
+            assert json.loads(body)["error"]["type"] == "service_unavailable"
+            assert "shutting down" in json.loads(body)["error"]["message"]
+
+            # The live stream still gets its grace, then the deadline's error event.
+            frames = await asyncio.wait_for(read_sse(resp), grace_s + EXIT_MARGIN_S)
+            assert loop.time() - started >= grace_s - 0.2
+            assert json.loads(frames[-2])["error"]["code"] == "edge_shutting_down"
+            await asyncio.wait_for(stopping, EXIT_MARGIN_S)
+        finally:
+            for w in (pooled_w, partial_w):
+                w.close()
+    await eventually(lambda: running(stack) == 0, timeout_s=1.0)
