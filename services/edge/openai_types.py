@@ -197,6 +197,9 @@ ResponseFormatIn = Annotated[
 class StreamOptions(BaseModel):
     model_config = ConfigDict(extra="forbid")
     include_usage: StrictBool = False
+    # OpenAI's (and its SDK's): random padding in an ``obfuscation`` field of each chunk.
+    # Accepted and type-checked; Meridian sends no such field either way.
+    include_obfuscation: StrictBool | None = None
 
 
 Probability = Annotated[float, Field(ge=limits.TOP_P_RANGE[0], le=limits.TOP_P_RANGE[1])]

@@ -57,6 +57,45 @@ async def test_streaming_completion_arrives_as_openai_chunks(stack: Stack) -> No
     assert len({c.id for c in chunks}) == 1
 
 
+@pytest.mark.parametrize("obfuscation", [False, True])
+async def test_stream_options_include_obfuscation_of_the_sdk_is_accepted(
+    stack: Stack, obfuscation: bool
+) -> None:
+    """``stream_options.include_obfuscation`` is in the SDK's ``ChatCompletionStreamOptionsParam``
+    (OpenAI's API): it was a 400 ("Extra inputs are not permitted"). It is accepted for both
+    endpoints and changes nothing (Meridian sends no ``obfuscation`` field)."""
+    async with client(stack) as api:
+        stream = await api.chat.completions.create(
+            model=MODEL,
+            messages=[{"role": "user", "content": "Stream please"}],
+            max_tokens=3,
+            stream=True,
+            stream_options={"include_usage": True, "include_obfuscation": obfuscation},
+        )
+        chunks = [c async for c in stream]
+        legacy = await api.completions.create(
+            model=MODEL,
+            prompt="Once",
+            max_tokens=3,
+            stream=True,
+            stream_options={"include_usage": True, "include_obfuscation": obfuscation},
+        )
+        pieces = [c async for c in legacy]
+        with pytest.raises(openai.BadRequestError) as bad:
+            await api.chat.completions.create(
+                model=MODEL,
+                messages=[{"role": "user", "content": "x"}],
+                stream=True,
+                extra_body={"stream_options": {"include_obfuscation": "no"}},
+            )
+    assert chunks[-1].usage is not None
+    assert chunks[-1].usage.completion_tokens == 3
+    assert pieces[-1].usage is not None
+    assert pieces[-1].usage.completion_tokens == 3
+    assert not any(getattr(c, "obfuscation", None) for c in chunks)
+    assert bad.value.body["param"] == "stream_options.include_obfuscation"  # type: ignore[index]
+
+
 async def test_raw_sse_ends_with_done(stack: Stack) -> None:
     async with (
         aiohttp.ClientSession() as http,
