@@ -232,6 +232,7 @@ async def test_a_stream_opened_on_a_key_that_expires_ends_when_it_does(stack: St
         finally:
             await stream.stop()
     assert time.time() * 1000 >= expires_ms
-    assert edge.counters.auth_rechecks == checks + 1
+    # the timer's check (an event's, before the expiry, would have found the key usable)
+    assert edge.counters.auth_rechecks > checks
     assert error["code"] == "invalid_api_key"
     assert "expired" in error["message"]
