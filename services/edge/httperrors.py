@@ -11,6 +11,8 @@ They extend that tree, so the error boundary renders them like every other error
     │   ├── UriTooLong           414  a request target over the line limit
     │   ├── TransferCodingNotImplemented
     │   │                        501  a Transfer-Encoding other than chunked
+    │   ├── HttpVersionNotSupported
+    │   │                        505  a request that is not HTTP/1.0 or 1.1 (h2c included)
     │   └── HeadersTooLarge      431  a header line, field or count over the limit
     ├── Interrupted               a request the edge ended while it ran (guard.InFlight)
     │   ├── ShuttingDown         503  still running when the edge's drain grace ended
@@ -58,6 +60,11 @@ class UriTooLong(InvalidRequest):
 class TransferCodingNotImplemented(InvalidRequest):
     http_status = 501
     default_code = "unsupported_transfer_encoding"
+
+
+class HttpVersionNotSupported(InvalidRequest):
+    http_status = 505
+    default_code = "http_version_not_supported"
 
 
 class HeadersTooLarge(InvalidRequest):

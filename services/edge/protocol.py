@@ -42,7 +42,12 @@ from services.common.logs import event
 from services.common.startup import listen_failed
 from services.edge.counters import EdgeCounters
 from services.edge.guard import GuardConfig, Occupancy, Refusal
-from services.edge.httperrors import HeadersTooLarge, RequestTimeout, UriTooLong
+from services.edge.httperrors import (
+    HeadersTooLarge,
+    HttpVersionNotSupported,
+    RequestTimeout,
+    UriTooLong,
+)
 
 log = logging.getLogger("meridian.edge.protocol")
 
@@ -242,6 +247,14 @@ class GuardedRequestHandler(web.RequestHandler):
             err = HeadersTooLarge(
                 "Request header fields too large: at most "
                 f"{self._config.max_headers} headers of {self._config.max_header_bytes} bytes."
+            )
+        elif isinstance(exc, BadHttpMessage) and "PRI" in str(exc):
+            # The HTTP/2 connection preface (h2c "prior knowledge"): aiohttp's parser stops
+            # on it and says so in its own words; say what to do instead.
+            self._counters.bad_http_requests += 1
+            err = HttpVersionNotSupported(
+                "HTTP/2 is not supported (this was an HTTP/2 connection preface): this "
+                "endpoint speaks HTTP/1.1."
             )
         elif status == 400 or isinstance(exc, HttpProcessingError):
             self._counters.bad_http_requests += 1

@@ -421,3 +421,30 @@ async def test_a_large_non_streaming_answer_is_built_off_the_event_loop(
                 len(e["top_logprobs"]) == ask["top_logprobs"] for e in c["logprobs"]["content"]
             )
     assert [t.startswith("edge-offload") for t in threads] == [True, False]
+
+
+@pytest.mark.parametrize(
+    ("request_line", "says"),
+    [
+        (b"GET /v1/models HTTP/2.0\r\nHost: x\r\n\r\n", "HTTP/2.0 is not supported"),
+        (b"GET /v1/models HTTP/0.9\r\n\r\n", "HTTP/0.9 is not supported"),
+        (b"GET /v1/models\r\n\r\n", "HTTP/0.9 is not supported"),  # no version: 0.9's form
+        (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "HTTP/2 connection preface"),  # h2c
+    ],
+)
+async def test_an_http_version_the_edge_does_not_speak_is_505_saying_so(
+    stack: Stack, request_line: bytes, says: str
+) -> None:
+    """aiohttp parses these as if they were HTTP/1 (the preface stops its parser with a
+    message of its own): before, a 401 or a 400 "Pause on PRI/Upgrade"."""
+    port = int(stack.edge.url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(request_line)
+    answer = await asyncio.wait_for(reader.read(4096), 10.0)
+    writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == b"505", head
+    error = json.loads(body)["error"]
+    assert says in error["message"]
+    assert error["code"] == "http_version_not_supported"
+    assert error["type"] == "invalid_request_error"

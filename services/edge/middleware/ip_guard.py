@@ -1,19 +1,28 @@
 """The ``ip_guard`` middleware, innermost: the per-client-IP request-rate bucket in front of
 every route (so a flood is refused before it touches Redis), and the answer (429/503, then
-close) to a connection the protocol marked as over its per-IP or per-edge cap.
+close) to a connection the protocol marked as over its per-IP or per-edge cap, and the 505
+to a request line in an HTTP version the edge does not speak (aiohttp parses ``HTTP/2.0``,
+``HTTP/0.9`` and a line with no version as if they were HTTP/1).
 
 It raises; the error boundary outside it renders the OpenAI error.
 """
 
 from __future__ import annotations
 
-from aiohttp import web
+from aiohttp import HttpVersion10, HttpVersion11, web
 from aiohttp.typedefs import Handler, Middleware
 
 from services.common.errors import Overloaded, RateLimited
 from services.edge.counters import EdgeCounters
 from services.edge.guard import IpBuckets, Refusal, client_ip
+from services.edge.httperrors import HttpVersionNotSupported
 from services.edge.protocol import GuardedRequestHandler
+
+_SPOKEN = frozenset({HttpVersion10, HttpVersion11})
+_VERSION_HELP = (
+    "HTTP/{}.{} is not supported: this endpoint speaks HTTP/1.1 (and 1.0). OpenAI clients "
+    "use HTTP/1.1."
+)
 
 
 def ip_guard(*, buckets: IpBuckets, counters: EdgeCounters) -> Middleware:
@@ -33,6 +42,8 @@ def ip_guard(*, buckets: IpBuckets, counters: EdgeCounters) -> Middleware:
                         "Too many open connections from your address.", retry_after_s=1.0
                     )
                 raise Overloaded("This edge is at its connection limit.", retry_after_s=1.0)
+            if request.version not in _SPOKEN:
+                raise HttpVersionNotSupported(_VERSION_HELP.format(*request.version))
             wait_s = buckets.take(client_ip(request))
             if wait_s > 0:
                 counters.ip_rate_limited += 1
