@@ -58,6 +58,12 @@ class EdgeCounters:
     settle_failures: int = 0
     settle_retries: int = 0
     settles_resent: int = 0
+    # Requests admitted fail-open, written into Redis's windows once it answered again
+    # (services/edge/ratelimit/limiter.py), those whose window had passed by then, and live
+    # ones whose reservation and stream slot moved to Redis.
+    limiter_charged_back: int = 0
+    limiter_charges_dropped: int = 0
+    limiter_leases_adopted: int = 0
     lease_renew_failures: int = 0
     redis_breaker_opened: int = 0
     # Redis timeouts that this process's own event-loop stall explains (the call was retried

@@ -100,10 +100,17 @@ async def test_redis_down_fail_open_serves_known_keys_with_local_limits_then_rec
     outage.start_redis()
     outage.clock.advance(1.1)  # the breaker's open period: the next call tries Redis again
     assert (await ask(edge, unknown))[0] == 200
+    # The 5 the outage admitted are charged to Redis's window: with the 1 from before, the
+    # key has used its 5 for this minute, and Redis refuses it until they leave the window.
+    await eventually(lambda: counters.limiter_charged_back == 5, timeout_s=10)
     fail_open = counters.limiter_fail_open
-    statuses = [(await ask(edge, limited))[0] for _ in range(5)]
-    assert statuses == [200] * 4 + [429]  # Redis's window again: 1 before + 4
-    assert counters.limiter_fail_open == fail_open
+    status, headers = await ask(edge, limited)
+    assert status == 429
+    assert headers["x-ratelimit-remaining-requests"] == "0"
+    assert counters.limiter_fail_open == fail_open  # Redis decided it
+    outage.clock.advance(61)  # the window has moved past all six
+    statuses = [(await ask(edge, limited))[0] for _ in range(6)]
+    assert statuses == [200] * 5 + [429]  # Redis's window again, a fresh 5
 
 
 async def readiness(edge: RunningEdge) -> tuple[int, dict[str, object]]:

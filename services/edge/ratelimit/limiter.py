@@ -27,6 +27,16 @@ used and frees the stream slot, in the background; live leases are renewed every
 and sent again once Redis answers; after a failover, the settles of the last 30 s are sent
 again to the new primary, at once and twice more within 5 s (the old one may have taken them
 and lost them).
+
+**What an outage admitted is charged back.** A request admitted fail-open counted only on this
+replica's windows; Redis never saw it. So that the limit still holds over the window once
+Redis answers again (rather than every replica's outage traffic vanishing, and a tenant
+getting a full minute's quota on top), each such request is written into Redis's windows at
+the time it was admitted (:data:`~.redis_backend.CHARGE_LUA`): when it ends, with the tokens
+it used, through the same retrying queue as settles; while it still runs, its reservation and
+stream slot are moved to Redis at the next renewal after Redis answers (the lease then lives
+in Redis, as if Redis had admitted it), so other replicas see the streams that are open.
+Entries whose window has passed by then are not written: they no longer count anyway.
 """
 
 from __future__ import annotations
@@ -45,7 +55,7 @@ from services.common.logs import event
 from services.edge.breaker import FAILURES, Breaker, BreakerOpen
 from services.edge.counters import EdgeCounters
 from services.edge.ratelimit.headers import go_duration, rate_limit_headers, refusal_message
-from services.edge.ratelimit.redis_backend import RedisBackend
+from services.edge.ratelimit.redis_backend import Charge, RedisBackend
 from services.edge.ratelimit.types import (
     Ask,
     LimiterBackend,
@@ -123,6 +133,20 @@ class Lease:
     backend: LimiterBackend | None  # None: nothing was limited, nothing to settle
     headers: dict[str, str] = field(default_factory=dict)
     settled: bool = False
+    #: Admitted on this replica's windows while Redis was out (ms): to be charged to Redis.
+    fail_open_at_ms: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Write:
+    """A write queued for Redis: a settle, or the charge of a request admitted fail-open."""
+
+    ask: Ask
+    used: int
+    #: When its window entry was made (a settle: when queued, no later than that): once it
+    #: is older than the window, the write would change nothing and is dropped.
+    at_ms: int
+    charge: bool = False
 
 
 class RateLimiter:
@@ -145,10 +169,13 @@ class RateLimiter:
         self._denied: dict[str, _Denial] = {}  # scope id -> its remembered RPM refusal
         self._live: set[Lease] = set()
         self._pending: set[asyncio.Task[None]] = set()
-        # Redis settles waiting for the flusher: (ask, tokens used, when queued in ms).
-        self._to_settle: list[tuple[Ask, int, int]] = []
-        # Settles Redis acknowledged lately, sent again after a failover.
-        self._sent: deque[tuple[Ask, int, int]] = deque(maxlen=_MAX_QUEUED_SETTLES)
+        # Redis writes waiting for the flusher: settles and fail-open charges.
+        self._to_settle: list[_Write] = []
+        # Writes Redis acknowledged lately, sent again after a failover.
+        self._sent: deque[_Write] = deque(maxlen=_MAX_QUEUED_SETTLES)
+        # Live leases admitted fail-open, whose reservation and slot Redis does not hold yet.
+        self._unadopted: set[Lease] = set()
+        self._adopting: asyncio.Task[None] | None = None
         self._primary_seen = redis.primary() if redis is not None else None
         self._resettle_due: list[float] = []  # monotonic times of resends still to come
         self._closing = False
@@ -171,6 +198,8 @@ class RateLimiter:
         now_ms = self._now_ms()
         self._check_locally(ask, now_ms)
         backend, ask, verdict = await self._decide(ask, now_ms)
+        if backend is self._redis and self._unadopted:
+            self._adopt_soon()  # Redis answers again: move the outage's live leases to it
         headers = rate_limit_headers(ask, verdict)
         if not verdict.admitted:
             self._refused(ask, verdict, now_ms, remember=backend is self._redis)
@@ -182,6 +211,9 @@ class RateLimiter:
         self._counters.admitted += 1
         lease = Lease(ask, backend, headers)
         self._live.add(lease)
+        if backend is self._local and self._redis is not None:
+            lease.fail_open_at_ms = now_ms
+            self._unadopted.add(lease)
         return lease
 
     def _check_locally(self, ask: Ask, now_ms: int) -> None:
@@ -269,17 +301,20 @@ class RateLimiter:
             return
         lease.settled = True
         self._live.discard(lease)
+        self._unadopted.discard(lease)
         used = max(0, used_tokens)
         if lease.backend is None:
             return
         if lease.backend is self._redis:
-            self._queue_settles([(lease.ask, used, self._now_ms())])
+            self._queue_settles([_Write(lease.ask, used, self._now_ms())])
             return
+        if lease.fail_open_at_ms is not None:
+            self._queue_settles([_Write(lease.ask, used, lease.fail_open_at_ms, charge=True)])
         task = asyncio.get_running_loop().create_task(self._settle_one(lease.backend, lease, used))
         self._pending.add(task)
         task.add_done_callback(self._pending.discard)
 
-    def _queue_settles(self, items: list[tuple[Ask, int, int]]) -> None:
+    def _queue_settles(self, items: list[_Write]) -> None:
         self._to_settle.extend(items)
         if self._flusher is None:
             self._flusher = asyncio.get_running_loop().create_task(self._flush_settles())
@@ -302,7 +337,7 @@ class RateLimiter:
             return
         self._resettle_due = [t for t in self._resettle_due if t > now and not now_too]
         oldest = self._now_ms() - _RESETTLE_WINDOW_MS
-        again = [item for item in self._sent if item[2] >= oldest]
+        again = [item for item in self._sent if item.at_ms >= oldest]
         self._sent.clear()
         if again:
             self._counters.settles_resent += len(again)
@@ -329,11 +364,8 @@ class RateLimiter:
                 batch, self._to_settle = self._expired_settles_dropped(self._to_settle), []
                 if not batch:
                     continue
-                settles = [(a, u) for a, u, _ in batch]
                 try:
-                    await self._breaker.call(
-                        partial(self._redis.settle_many, settles, self._now_ms())
-                    )
+                    await self._breaker.call(partial(self._write, self._redis, batch))
                 except BreakerOpen:
                     pass
                 except FAILURES as err:
@@ -346,6 +378,10 @@ class RateLimiter:
                     )
                 else:
                     backoff_s = _SETTLE_BACKOFF_MIN_S
+                    charged = sum(1 for w in batch if w.charge)
+                    if charged:
+                        self._counters.limiter_charged_back += charged
+                        event(log, "ratelimit.charged_back", requests=charged)
                     self._sent.extend(batch)
                     self._resettle_after_failover()
                     continue
@@ -359,19 +395,84 @@ class RateLimiter:
         finally:
             self._flusher = None
 
-    def _expired_settles_dropped(
-        self, queued: list[tuple[Ask, int, int]]
-    ) -> list[tuple[Ask, int, int]]:
-        """The queued settles whose entries are still in the window (and at most
-        ``_MAX_QUEUED_SETTLES`` of them, the newest); the others are counted and dropped."""
+    async def _write(self, redis: RedisBackend, batch: list[_Write]) -> None:
+        """One batch of queued writes: its settles in one round trip, its charges in one."""
+        now_ms = self._now_ms()
+        settles = [(w.ask, w.used) for w in batch if not w.charge]
+        charges = [Charge(w.ask, w.used, w.at_ms, live=False) for w in batch if w.charge]
+        if settles:
+            await redis.settle_many(settles, now_ms)
+        if charges:
+            await redis.charge_many(charges, now_ms)
+
+    def _expired_settles_dropped(self, queued: list[_Write]) -> list[_Write]:
+        """The queued writes whose entries are still in the window (and at most
+        ``_MAX_QUEUED_SETTLES`` of them, the newest); the others are counted and dropped (a
+        settle as failed; a charge as dropped: its request no longer counts anyway)."""
         oldest = self._now_ms() - self.config.window_ms
-        kept = [item for item in queued if item[2] >= oldest][-_MAX_QUEUED_SETTLES:]
-        self._counters.settle_failures += len(queued) - len(kept)
+        kept = [item for item in queued if item.at_ms >= oldest][-_MAX_QUEUED_SETTLES:]
+        kept_ids = {id(item) for item in kept}
+        for item in queued:
+            if id(item) not in kept_ids:
+                if item.charge:
+                    self._counters.limiter_charges_dropped += 1
+                else:
+                    self._counters.settle_failures += 1
         return kept
 
+    def _adopt_soon(self) -> asyncio.Task[None] | None:
+        """Start moving the outage's live leases to Redis, unless that is under way."""
+        if self._adopting is None and not self._closing:
+            self._adopting = asyncio.get_running_loop().create_task(self._adopt_live())
+        return self._adopting
+
+    async def _adopt_live(self) -> None:
+        """Move the live leases admitted fail-open to Redis (see the module's docstring): their
+        reservations and stream slots are written there, then their local slots freed, and
+        from then on they renew and settle in Redis. A lease that ends during the write has
+        queued its charge already; it is queued once more here (charging is idempotent) so
+        that the slot just taken in Redis is freed whichever write lands last."""
+        try:
+            redis = self._redis
+            leases = [x for x in self._unadopted if not x.settled]
+            if redis is None or not leases:
+                return
+            now_ms = self._now_ms()
+            charges = [
+                Charge(x.ask, x.ask.tokens, x.fail_open_at_ms or now_ms, live=True) for x in leases
+            ]
+            try:
+                await self._breaker.call(partial(redis.charge_many, charges, now_ms))
+            except BreakerOpen:
+                return
+            except FAILURES as err:
+                event(
+                    log, "ratelimit.adopt_failed", level=logging.WARNING, error=type(err).__name__
+                )
+                return
+            ended = []
+            for lease in leases:
+                self._unadopted.discard(lease)
+                if lease.settled:
+                    ended.append(_Write(lease.ask, 0, lease.fail_open_at_ms or now_ms, charge=True))
+                    continue
+                lease.backend = redis
+                await self._local.settle(lease.ask, lease.ask.tokens, now_ms)
+            self._counters.limiter_leases_adopted += len(leases) - len(ended)
+            event(log, "ratelimit.leases_adopted", requests=len(leases) - len(ended))
+            if ended:
+                self._queue_settles(ended)
+        finally:
+            self._adopting = None
+
     async def renew_once(self) -> None:
-        """Extend the leases of live requests; sweep idle local state."""
+        """Extend the leases of live requests (moving those admitted fail-open to Redis once
+        it answers); sweep idle local state."""
         self._resettle_after_failover()
+        if self._unadopted and self._adopting is None:
+            adopting = self._adopt_soon()
+            if adopting is not None:
+                await adopting
         now_ms = self._now_ms()
         self._local.sweep(now_ms)
         await self._local.renew([x.ask for x in self._live if x.backend is self._local], now_ms)
@@ -401,6 +502,8 @@ class RateLimiter:
         self._closing = True
         self._resettle_after_failover(now_too=True)  # resends still due: now, one last time
         waiting = set(self._pending)
+        if self._adopting is not None:
+            waiting.add(self._adopting)
         if self._flusher is not None:
             waiting.add(self._flusher)
         if waiting:

@@ -1,9 +1,12 @@
 """The limit algorithm (see :mod:`.types`) in Redis: one atomic Lua script per admission, so
 every edge replica shares exact windows, and concurrent requests cannot both take the last
 slot (Redis runs scripts one at a time). One round trip per request (EVALSHA; the script is
-loaded once per connection pool), one more when the request ends (settle). Both scripts are
+loaded once per connection pool), one more when the request ends (settle). All scripts are
 safe to run twice for one request id (a retry after a lost reply): an admitted request is
-not charged again, a settle sets the used tokens rather than adding them.
+not charged again, a settle sets the used tokens rather than adding them. A third script,
+*charge*, writes into the windows a request that this edge admitted on its own windows while
+Redis was out (fail-open), at the time it was admitted, so the requests and tokens of an
+outage still count against the limits for the rest of their window once Redis is back.
 
 Redis layout, per scope (``{…}`` is the tenant, a Redis Cluster hash tag, so a key's and its
 tenant's state always live on one shard and the script may touch both)::
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from redis.asyncio.cluster import RedisCluster
 
@@ -180,9 +184,62 @@ return 1
 """
 
 
+# KEYS: as for admit. ARGV[1]: request id; ARGV[2]: "at_ms now_ms window_ms lease_ms tokens
+# live" then for each scope "windowed streams" (1: the scope limits requests or tokens /
+# streams). ``at_ms`` is when the request was admitted (its place in the window); ``live`` 1
+# also takes a stream slot (a stream still running), 0 frees it (the request has ended).
+# Running it twice writes the same state: the entry is added once, its tokens are set.
+CHARGE_LUA = """
+local rid = ARGV[1]
+local nums = {}
+for v in string.gmatch(ARGV[2], '%d+') do nums[#nums + 1] = tonumber(v) end
+local at, now, window, lease, tokens, live = nums[1], nums[2], nums[3], nums[4], nums[5], nums[6]
+for i = 1, #KEYS / 3 do
+  local w, t, c = KEYS[3 * i - 2], KEYS[3 * i - 1], KEYS[3 * i]
+  if nums[5 + 2 * i] == 1 and at > now - window then
+    if redis.call('ZADD', w, 'NX', at, rid) == 1 then
+      redis.call('HSET', t, rid, tokens)
+      redis.call('HINCRBY', t, '#sum', tokens)
+    else
+      local old = redis.call('HGET', t, rid)
+      if old then
+        redis.call('HSET', t, rid, tokens)
+        redis.call('HINCRBY', t, '#sum', tokens - tonumber(old))
+      end
+    end
+    redis.call('PEXPIRE', w, window + lease)
+    redis.call('PEXPIRE', t, window + lease)
+  end
+  if nums[6 + 2 * i] == 1 then
+    if live == 1 then
+      redis.call('ZADD', c, now + lease, rid)
+      redis.call('PEXPIRE', c, lease)
+    else
+      redis.call('ZREM', c, rid)
+    end
+  end
+end
+return 1
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Charge:
+    """A request admitted while Redis was out, to be written into its windows (CHARGE_LUA)."""
+
+    ask: Ask
+    tokens: int  # used (the request ended) or reserved (still running)
+    admitted_ms: int
+    live: bool  # still running: it takes a stream slot too
+
+
 def scope_keys(scope: Scope) -> tuple[str, str, str]:
     base = RL_PREFIX + scope.id
     return (f"{base}:w", f"{base}:n", f"{base}:c")
+
+
+def _keys(ask: Ask) -> list[str]:
+    return [k for scope in ask.scopes for k in scope_keys(scope)]
 
 
 class RedisBackend:
@@ -199,6 +256,7 @@ class RedisBackend:
         self.primary = primary_of(redis)
         self._admit = redis.register_script(ADMIT_LUA)
         self._settle = redis.register_script(SETTLE_LUA)
+        self._charge = redis.register_script(CHARGE_LUA)
 
     async def admit(self, ask: Ask, now_ms: int) -> Verdict:
         keys: list[str] = []
@@ -227,13 +285,42 @@ class RedisBackend:
             return
         async with self._redis.pipeline(transaction=False) as pipe:
             for ask, used in items:
-                keys = [k for scope in ask.scopes for k in scope_keys(scope)]
-                await self._settle(keys=keys, args=[ask.request_id, used], client=pipe)
+                await self._settle(keys=_keys(ask), args=[ask.request_id, used], client=pipe)
             await pipe.execute()
 
     async def _settle_one(self, ask: Ask, used: int) -> None:
-        keys = [k for scope in ask.scopes for k in scope_keys(scope)]
-        await self._settle(keys=keys, args=[ask.request_id, used])
+        await self._settle(keys=_keys(ask), args=[ask.request_id, used])
+
+    async def charge_many(self, items: Sequence[Charge], now_ms: int) -> None:
+        """Write requests admitted during an outage into the windows, in one pipelined round
+        trip (one call each on a Cluster, as for settles)."""
+        if not items:
+            return
+        if len(items) == 1 or isinstance(self._redis, RedisCluster):
+            await asyncio.gather(
+                *(self._charge(keys=_keys(c.ask), args=self._charge_args(c, now_ms)) for c in items)
+            )
+            return
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for charge in items:
+                await self._charge(
+                    keys=_keys(charge.ask), args=self._charge_args(charge, now_ms), client=pipe
+                )
+            await pipe.execute()
+
+    def _charge_args(self, charge: Charge, now_ms: int) -> list[str]:
+        numbers = [
+            charge.admitted_ms,
+            now_ms,
+            self._window_ms,
+            self._lease_ms,
+            max(0, charge.tokens),
+            int(charge.live),
+        ]
+        for scope in charge.ask.scopes:
+            rpm, tpm, streams = limit_args(scope.limits)
+            numbers.extend((int(bool(rpm or tpm)), int(bool(streams))))
+        return [charge.ask.request_id, " ".join(map(str, numbers))]
 
     async def renew(self, asks: Sequence[Ask], now_ms: int) -> None:
         """Extend the leases of live streams (one pipelined round trip for all of them)."""

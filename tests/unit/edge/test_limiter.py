@@ -23,7 +23,7 @@ from services.edge.ratelimit.limiter import (
     RateLimiter,
     RateLimitExceeded,
 )
-from services.edge.ratelimit.redis_backend import RedisBackend, scope_keys
+from services.edge.ratelimit.redis_backend import Charge, RedisBackend, scope_keys
 from services.edge.ratelimit.types import Ask, Scope
 from services.edge.ratelimit.window import LocalBackend
 from services.edge.tenancy.tenants import Limits
@@ -347,3 +347,143 @@ async def test_settles_that_cannot_reach_redis_by_shutdown_are_each_counted(
         limiter.settle(Lease(ask(max_streams=1), backend), 1)
     await limiter.close()
     assert counters.settle_failures == 3
+
+
+class _Outage:
+    """A real Redis the test stops and starts again (same port, empty after a restart), with
+    a limiter on the edge's short timeouts in front of it."""
+
+    def __init__(self, tmp_path: Path) -> None:
+        self.server = RedisProcess(tmp_path / "redis")
+        self.server.start()
+        self.client = aioredis.Redis.from_url(
+            self.server.url, socket_connect_timeout=0.3, socket_timeout=0.3
+        )
+        self.clock = ManualClock()
+        self.counters = EdgeCounters()
+        self.limiter = make(self.client, self.clock, self.counters)
+
+    async def back(self) -> None:
+        """Redis answers again, and the breaker's open period is over."""
+        self.server.start()
+        self.clock.advance(2.0)
+
+    async def close(self) -> None:
+        await self.limiter.close()
+        await self.client.aclose()
+        self.server.stop()
+
+
+@pytest.fixture
+async def outage(tmp_path: Path) -> AsyncIterator[_Outage]:
+    world = _Outage(tmp_path)
+    yield world
+    await world.close()
+
+
+async def test_requests_admitted_during_an_outage_count_against_the_limit_once_redis_is_back(
+    outage: _Outage,
+) -> None:
+    """Without the charge-back, Redis would admit 5 more here: the outage's 3 requests would
+    vanish and the tenant get its whole rpm on top of them."""
+    limiter, clock = outage.limiter, outage.clock
+    outage.server.stop()
+    leases = []
+    for _ in range(3):
+        leases.append(await limiter.admit(ask(100, rpm=5, tpm=10_000)))
+        clock.advance(0.1)
+    assert all(x.fail_open_at_ms is not None for x in leases)
+    for lease in leases:
+        limiter.settle(lease, 40)
+    await eventually(lambda: outage.counters.settle_retries >= 1, timeout_s=10)
+    await outage.back()
+    await eventually(lambda: limiter._flusher is None, timeout_s=10)
+    assert outage.counters.limiter_charged_back == 3
+
+    (scope,) = leases[0].ask.scopes
+    window, tokens, _ = scope_keys(scope)
+    admitted_at = [
+        int(score)
+        for _, score in scored(await outage.client.zrange(window, 0, -1, withscores=True))
+    ]
+    assert admitted_at == [x.fail_open_at_ms for x in leases]  # each at its own admission
+    assert await outage.client.hget(tokens, "#sum") == b"120"  # the tokens they used
+    await limiter.admit(ask(100, rpm=5, tpm=10_000))
+    await limiter.admit(ask(100, rpm=5, tpm=10_000))
+    with pytest.raises(RateLimitExceeded) as refused:
+        await limiter.admit(ask(100, rpm=5, tpm=10_000))
+    assert "Limit 5, Used 5" in str(refused.value)
+
+
+async def test_charging_the_same_request_twice_writes_the_same_state(live: aioredis.Redis) -> None:
+    """A resend after a lost reply (or a failover) must not charge the request twice."""
+    backend = RedisBackend(redis=live, window_ms=60_000, lease_ms=30_000)
+    charged = ask(100, rpm=5, tpm=1000, max_streams=2)
+    charge = Charge(charged, 30, admitted_ms=5_000, live=False)
+    for _ in range(2):
+        await backend.charge_many([charge], now_ms=6_000)
+    (scope,) = charged.scopes
+    window, tokens, streams = scope_keys(scope)
+    assert scored(await live.zrange(window, 0, -1, withscores=True)) == [
+        (charged.request_id.encode(), 5_000.0)
+    ]
+    assert await live.hget(tokens, "#sum") == b"30"
+    assert await live.zcard(streams) == 0
+    await backend.charge_many([Charge(charged, 45, admitted_ms=5_000, live=False)], now_ms=7_000)
+    assert await live.hget(tokens, "#sum") == b"45"  # set, not added
+
+
+async def test_a_stream_admitted_during_an_outage_holds_its_slot_in_redis_once_it_is_back(
+    outage: _Outage,
+) -> None:
+    """Another replica must see the stream this one opened while Redis was out."""
+    limiter, clock = outage.limiter, outage.clock
+    other = make(outage.client, clock, EdgeCounters())
+    try:
+        outage.server.stop()
+        stream = await limiter.admit(ask(100, tpm=10_000, max_streams=1))
+        assert stream.backend is not limiter._redis
+        await outage.back()
+        await limiter.renew_once()  # the next renewal moves it to Redis
+        assert stream.backend is limiter._redis
+        assert outage.counters.limiter_leases_adopted == 1
+        with pytest.raises(RateLimitExceeded) as refused:
+            await other.admit(ask(100, tpm=10_000, max_streams=1))
+        assert "concurrent" in str(refused.value).lower() or "stream" in str(refused.value).lower()
+
+        limiter.settle(stream, 7)  # it ends: settled in Redis like any other
+        await eventually(lambda: limiter._flusher is None, timeout_s=10)
+        (scope,) = stream.ask.scopes
+        _, tokens, streams = scope_keys(scope)
+        assert await outage.client.zcard(streams) == 0
+        assert await outage.client.hget(tokens, "#sum") == b"7"
+        await other.admit(ask(100, tpm=10_000, max_streams=1))
+    finally:
+        await other.close()
+
+
+async def test_a_redis_admission_after_an_outage_moves_live_streams_to_redis_without_waiting(
+    outage: _Outage,
+) -> None:
+    limiter = outage.limiter
+    outage.server.stop()
+    stream = await limiter.admit(ask(10, max_streams=5))
+    await outage.back()
+    await limiter.admit(ask(10, max_streams=5))  # Redis decides this one
+    await eventually(lambda: stream.backend is limiter._redis, timeout_s=10)
+
+
+async def test_an_outage_request_whose_window_has_passed_is_not_charged(outage: _Outage) -> None:
+    limiter, clock = outage.limiter, outage.clock
+    outage.server.stop()
+    lease = await limiter.admit(ask(100, rpm=5))
+    limiter.settle(lease, 10)
+    clock.advance(61.0)  # Redis returns after the request has left its window
+    await outage.back()
+    await eventually(lambda: limiter._flusher is None, timeout_s=10)
+    (scope,) = lease.ask.scopes
+    window, _, _ = scope_keys(scope)
+    assert await outage.client.zcard(window) == 0
+    assert outage.counters.limiter_charges_dropped == 1
+    assert outage.counters.limiter_charged_back == 0
+    assert outage.counters.settle_failures == 0
