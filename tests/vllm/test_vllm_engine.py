@@ -37,6 +37,7 @@ from services.worker.engine import (
 from services.worker.vllm.engine import VllmEngine
 from services.worker.vllm.stats import NoEngineMetrics
 from tests.vllm.conftest import SERVED_NAME
+from tests.vllm.steps import MAX_STEPS_TO_ABORT, StepCounter
 
 pytestmark = [pytest.mark.vllm, pytest.mark.asyncio(loop_scope="session")]
 
@@ -65,29 +66,6 @@ async def run(engine: VllmEngine, request: EngineRequest) -> list[EngineOutput]:
 
 def token_ids(outputs: list[EngineOutput]) -> list[int]:
     return [t for output in outputs for t in output.token_ids]
-
-
-#: Engine steps after which a cancelled or closed stream no longer runs in the engine.
-MAX_STEPS_TO_ABORT = 5
-
-
-class StepCounter:
-    """Counts the engine steps whose scheduler state the engine's load window sees from now
-    on (one per step of vLLM's engine core)."""
-
-    def __init__(self, engine: VllmEngine) -> None:
-        self._window = engine._window  # the engine core's own feed
-        self._observe = self._window.observe_scheduler
-        self.after = 0
-
-        def counted(**fields: Any) -> None:
-            self.after += 1
-            self._observe(**fields)
-
-        self._window.observe_scheduler = counted  # type: ignore[method-assign]
-
-    def stop(self) -> None:
-        self._window.observe_scheduler = self._observe  # type: ignore[method-assign]
 
 
 async def wait_until(condition: Callable[[], bool], *, timeout_s: float = 10.0) -> float:
@@ -327,14 +305,17 @@ async def test_cancelling_the_consumer_aborts_in_the_engine_within_a_few_steps(
     assert all(task.cancelled() for task in tasks)
 
 
-async def test_closing_the_stream_early_aborts_in_the_engine(engine: VllmEngine) -> None:
+async def test_closing_the_stream_early_aborts_in_the_engine_within_a_few_steps(
+    engine: VllmEngine,
+) -> None:
     async with aclosing(engine.generate(chat(ignore_eos=True))) as stream:
         await anext(stream)
         assert engine.load().running == 1
+        steps = StepCounter(engine)
     # Leaving the block closed the stream at its yield.
-    elapsed = await wait_until(lambda: engine.load().running == 0)
+    await wait_until(lambda: engine.load().running == 0)
 
-    assert elapsed < 0.1
+    assert steps.stop() <= MAX_STEPS_TO_ABORT, steps.after
 
 
 async def test_explicit_abort_ends_the_stream_with_abort(engine: VllmEngine) -> None:
