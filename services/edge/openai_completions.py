@@ -205,6 +205,17 @@ def checked_inputs(
             param=param,
         )
     single = isinstance(value, str) or _is_token(value[0])  # one prompt, not a list of them
+    if not single:
+        # OpenAI's (and vLLM's) schema is a list of strings *or* a list of token-id lists.
+        first_is_text = isinstance(items[0], str)
+        for i, item in enumerate(items):
+            if isinstance(item, (str, list)) and isinstance(item, str) is not first_is_text:
+                raise InvalidRequest(
+                    f"'{param}' must be a list of strings or a list of token-id lists, not both "
+                    f"('{param}[0]' is {'a string' if first_is_text else 'a list'}, "
+                    f"'{param}[{i}]' is {'a string' if isinstance(item, str) else 'a list'}).",
+                    param=f"{param}[{i}]",
+                )
     out: list[str | list[int]] = []
     for i, item in enumerate(items):
         where = param if single else f"{param}[{i}]"

@@ -250,6 +250,7 @@ async def test_streamed_choices_of_several_prompts_carry_their_index(stack: Stac
         ({"prompt": ["ok", ""]}, "prompt[1]"),
         ({"prompt": [[1, 2], []]}, "prompt[1]"),
         ({"prompt": [1, "a"]}, "prompt[1]"),
+        ({"prompt": ["a", [1, 2]]}, "prompt[1]"),
         ({"prompt": []}, "prompt"),
         ({}, "prompt"),
         ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
@@ -335,6 +336,8 @@ async def test_dimensions_truncate_and_renormalise(stack: Stack) -> None:
         ({"input": ["ok", "x" * 100_001]}, "input[1]"),
         ({"input": ["x"] * 2049}, "input"),
         ({"input": [{"text": "x"}]}, "input[0]"),
+        ({"input": [[1], "a"]}, "input[1]"),  # strings or token-id lists, not both
+        ({"input": ["a", "b", [1, 2]]}, "input[2]"),
         ({"input": "x", "encoding_format": "int8"}, "encoding_format"),
         ({"input": "x", "dimensions": 1000}, "dimensions"),
         ({"input": "x", "dimensions": 0}, "dimensions"),
