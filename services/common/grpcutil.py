@@ -15,6 +15,7 @@ import grpc
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 
 from services.common.errors import MeridianError
+from services.common.grpc_tls import GrpcTls
 
 MAX_MESSAGE_BYTES = 4 * 1024 * 1024
 
@@ -149,6 +150,18 @@ def _refusing_unary_stream(behavior: Callable[..., Any]) -> Callable[..., Any]:
 
 def insecure_channel(address: str) -> grpc.aio.Channel:
     return grpc.aio.insecure_channel(address, options=list(CHANNEL_OPTIONS))
+
+
+def channel_to(address: str, tls: GrpcTls | None) -> grpc.aio.Channel:
+    """A channel to another Meridian service: mutual TLS when the deployment has it
+    (:mod:`services.common.grpc_tls`), plaintext otherwise."""
+    if tls is None:
+        return insecure_channel(address)
+    return grpc.aio.secure_channel(
+        address,
+        tls.channel_credentials(),
+        options=[*CHANNEL_OPTIONS, *tls.channel_options()],
+    )
 
 
 class Health:

@@ -22,8 +22,12 @@ import sys
 import urllib.error
 import urllib.request
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from services.common import cli
+
+if TYPE_CHECKING:
+    from services.common.grpc_tls import GrpcTls
 
 
 def check_http(url: str, timeout_s: float) -> str | None:
@@ -37,11 +41,19 @@ def check_http(url: str, timeout_s: float) -> str | None:
         return f"{url}: {getattr(err, 'reason', err)}"
 
 
-def check_grpc(address: str, service: str, timeout_s: float) -> str | None:
+def check_grpc(
+    address: str, service: str, timeout_s: float, tls: GrpcTls | None = None
+) -> str | None:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    with grpc.insecure_channel(address) as channel:
+    if tls is None:
+        channel = grpc.insecure_channel(address)
+    else:
+        channel = grpc.secure_channel(
+            address, tls.channel_credentials(), options=tls.channel_options()
+        )
+    with channel:
         stub = health_pb2_grpc.HealthStub(channel)
         try:
             request = health_pb2.HealthCheckRequest(service=service)
@@ -76,6 +88,10 @@ def build_parser() -> argparse.ArgumentParser:
     grpc_parser = kinds.add_parser("grpc", help="the gRPC health service says SERVING")
     grpc_parser.add_argument("address", type=cli.address, metavar="HOST:PORT")
     grpc_parser.add_argument("--service", default="", help="health service name ('' = server)")
+    # The services' mutual-TLS flags (services/common/grpc_tls.py), named here so that an
+    # http or tcp check does not import grpc or cryptography.
+    for flag in ("cert", "key", "ca", "server-name"):
+        grpc_parser.add_argument(f"--grpc-tls-{flag}", help="as on the services")
     tcp = kinds.add_parser("tcp", help="every address accepts a TCP connection")
     tcp.add_argument("addresses", nargs="+", type=cli.address, metavar="HOST:PORT")
     return parser
@@ -88,7 +104,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             build_parser().error(f"url {args.url!r}: expected http:// or https://")
         problem = check_http(args.url, args.timeout_s)
     elif args.kind == "grpc":
-        problem = check_grpc(args.address, args.service, args.timeout_s)
+        from services.common.grpc_tls import from_arguments
+
+        try:
+            tls = from_arguments(args)
+        except ValueError as err:
+            build_parser().error(str(err))
+        problem = check_grpc(args.address, args.service, args.timeout_s, tls)
     else:
         problem = check_tcp(args.addresses, args.timeout_s)
     if problem is not None:

@@ -12,6 +12,8 @@ import os
 import grpc
 from aiohttp import web
 
+from services.common.grpc_tls import GrpcTls
+
 
 class StartupError(Exception):
     """The service cannot start; the message says why, in the operator's terms."""
@@ -22,9 +24,14 @@ def listen_failed(what: str, host: str, port: int, err: OSError) -> StartupError
     return StartupError(f"cannot listen on {host}:{port} for {what}: {reason.lower()}")
 
 
-def bind_grpc(server: grpc.aio.Server, host: str, port: int, what: str) -> int:
-    """``server.add_insecure_port`` with a clear error (gRPC only says "Failed to bind")."""
+def bind_grpc(
+    server: grpc.aio.Server, host: str, port: int, what: str, tls: GrpcTls | None = None
+) -> int:
+    """``server.add_insecure_port`` (``add_secure_port`` with mutual TLS) with a clear error
+    (gRPC only says "Failed to bind")."""
     try:
+        if tls is not None:
+            return server.add_secure_port(f"{host}:{port}", tls.server_credentials())
         return server.add_insecure_port(f"{host}:{port}")
     except RuntimeError:
         raise StartupError(

@@ -23,7 +23,7 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
-from services.common import cli, logs, runtime, telemetry
+from services.common import cli, grpc_tls, logs, runtime, telemetry
 from services.common.logs import event
 from services.edge.guard import GuardConfig
 from services.edge.migration.policy import MigrationPolicy
@@ -207,6 +207,7 @@ def build_parser() -> argparse.ArgumentParser:
     w.add_argument("--console-session-ttl-s", type=cli.finite_float(60), default=8 * 3600.0)
     w.add_argument("--max-console-streams", type=_count, default=16)
     telemetry.add_cli_args(p)
+    grpc_tls.add_arguments(p)
     return p
 
 
@@ -297,6 +298,7 @@ def config_from_args(args: argparse.Namespace) -> EdgeConfig:
         ),
         migration=_migration_policy(args),
         worker_transport=args.worker_transport,
+        grpc_tls=grpc_tls.from_arguments(args),
         drain_grace_s=args.drain_grace_s,
         keepalive_after_s=args.sse_keepalive_after_s,
         keepalive_every_s=args.sse_keepalive_every_s,
@@ -359,7 +361,7 @@ async def serve(
     edge = EdgeServer(
         config=config,
         redis=redis,
-        router=RouterClient(args.router),
+        router=RouterClient(args.router, tls=config.grpc_tls),
         hasher=hasher,
         telemetry=tel,
     )
@@ -381,7 +383,14 @@ async def serve(
             "metrics_port": metrics_port,
         },
     )
-    event(log, "edge.listening", port=edge.port, scheme=edge.scheme, site=config.site)
+    event(
+        log,
+        "edge.listening",
+        port=edge.port,
+        scheme=edge.scheme,
+        site=config.site,
+        mutual_tls=config.grpc_tls is not None,
+    )
     check = asyncio.create_task(warn_if_redis_unreachable(redis, args.redis_url))
     await stop.wait()
     check.cancel()

@@ -29,6 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.grpc_tls import GrpcTls
 from services.common.logs import event
 from services.common.loopwatch import LoopWatch
 from services.common.startup import start_site
@@ -99,6 +100,8 @@ class EdgeConfig:
     #: How token streams reach workers: one Generate call each, or all of a worker's over
     #: one GenerateMux call (services/edge/upstream/worker_pool.py).
     worker_transport: WorkerTransport = "mux"
+    #: Mutual TLS to the router and the workers (services/common/grpc_tls.py); None: plaintext.
+    grpc_tls: GrpcTls | None = None
     #: SSE before the first token: headers and a comment after ``keepalive_after_s``, then
     #: a comment every ``keepalive_every_s`` (services/edge/stages/stream.py).
     keepalive_after_s: float = 3.0
@@ -206,7 +209,8 @@ class EdgeServer:
             auth=self.auth,
             limiter=self.limiter,
             router=self.router,
-            workers=workers or WorkerPool(config.worker_transport, self.counters),
+            workers=workers
+            or WorkerPool(config.worker_transport, self.counters, tls=config.grpc_tls),
             counters=self.counters,
             lifecycle=lifecycle,
             connections=Occupancy(

@@ -49,6 +49,12 @@ def build_parser() -> argparse.ArgumentParser:
         default=os.environ.get("MERIDIAN_TLS", "") in {"1", "true", "yes"},
         help="serve the edge over HTTPS with a generated self-signed certificate",
     )
+    p.add_argument(
+        "--grpc-tls",
+        action="store_true",
+        default=os.environ.get("MERIDIAN_GRPC_TLS", "") in {"1", "true", "yes"},
+        help="mutual TLS between edge, router and workers, with a generated development CA",
+    )
     return p
 
 
@@ -73,6 +79,8 @@ def _edge_workers() -> int:
 def _banner(stack: LocalStack, key_file: Path) -> str:
     ep = stack.endpoints
     tls = f"\n  TLS certificate to trust:  {ep.tls_cert}" if ep.tls_cert else ""
+    if ep.grpc_tls_ca:
+        tls += f"\n  Internal gRPC:             mutual TLS, CA {ep.grpc_tls_ca}"
     cacert = f"--cacert {ep.tls_cert} " if ep.tls_cert else ""
     metrics = "  ".join(f"{name}={url}" for name, url in ep.metrics.items())
     rows = "\n".join(
@@ -108,6 +116,7 @@ def _describe(stack: LocalStack) -> dict[str, object]:
         "edge_url": ep.edge_url,
         "admin_url": ep.admin_url,
         "tls_cert": ep.tls_cert,
+        "grpc_tls_ca": ep.grpc_tls_ca,
         "router_debug_url": ep.router_debug_url,
         "metrics": ep.metrics,
         "router": ep.router,
@@ -159,6 +168,7 @@ async def serve(args: argparse.Namespace, stop: asyncio.Event) -> None:
         vllm_embedding_model_path=embed_path,
         log_level=args.log_level,
         tls=args.tls,
+        grpc_tls=args.grpc_tls,
     )
     # A script that waits for /healthz and then reads the key must never read the last run's:
     # the old key goes before anything listens, the new one appears whole, once all is up.

@@ -56,6 +56,7 @@ class StackEndpoints:
     demo_key: str = ""
     admin_url: str = ""
     tls_cert: str = ""  # the self-signed certificate clients must trust (tls=True only)
+    grpc_tls_ca: str = ""  # the CA of the services' mutual TLS (grpc_tls=True only)
     model: str = ""
     router_debug_url: str = ""
     workers: dict[str, WorkerEndpoint] = field(default_factory=dict)
@@ -78,6 +79,7 @@ class LocalStack:
         log_level: str = "info",
         python: str = sys.executable,
         tls: bool = False,
+        grpc_tls: bool = False,
         edge_args: Sequence[str] = (),
         edge_workers: int = 1,
         service_env: Mapping[str, Mapping[str, str]] | None = None,
@@ -93,6 +95,9 @@ class LocalStack:
         self._log_level = log_level
         self._python = python
         self.tls = tls
+        #: Mutual TLS between the services, with a development CA written into run_dir.
+        self.grpc_tls = grpc_tls
+        self._grpc_tls_flags: dict[str, list[str]] = {}
         self._edge_args = tuple(edge_args)  # extra edge flags (benchmarks lift per-IP limits)
         self.edge_workers = edge_workers  # edge processes on the one port (--workers)
         # Extra environment by kind of service ("edge", "router", "worker", "netem"), on top of
@@ -112,6 +117,7 @@ class LocalStack:
         ready = self.run_dir / f"{name}.ready"
         if module in _WITH_METRICS:
             args = (*args, "--metrics-port", "0")
+        args = (*args, *self._grpc_tls_flags.get(_SERVICE_KINDS[module], ()))
         return ManagedProcess(
             name=name,
             argv=[self._python, "-m", module, "--ready-file", str(ready), *args],
@@ -133,6 +139,8 @@ class LocalStack:
             raise ProcessFailed(
                 f"the stack config starts no {self.engine} worker: give at least one ({where})"
             )
+        if self.grpc_tls:
+            self._write_grpc_certificates()
         try:
             await self._start_redis()
             await self._start_workers()
@@ -155,6 +163,24 @@ class LocalStack:
                         f"http://127.0.0.1:{child['metrics_port']}/metrics"
                     )
         return self.endpoints
+
+    def _write_grpc_certificates(self) -> None:
+        """A fresh development CA and one certificate per kind of service (each run: no key
+        outlives the stack that used it)."""
+        from services.common.devca import write_dev_ca
+
+        kinds = ("edge", "router", "worker")
+        issued = write_dev_ca(self.run_dir / "grpc-tls", names=kinds, hosts=("127.0.0.1",))
+        for kind, files in issued.items():
+            self._grpc_tls_flags[kind] = [
+                "--grpc-tls-cert",
+                str(files.cert),
+                "--grpc-tls-key",
+                str(files.key),
+                "--grpc-tls-ca",
+                str(files.ca),
+            ]
+        self.endpoints.grpc_tls_ca = str(issued["edge"].ca)
 
     async def _start_redis(self) -> None:
         if self._redis_url:

@@ -23,7 +23,8 @@ import os
 import sys
 from pathlib import Path
 
-from services.common import cli, logs, runtime, telemetry
+from services.common import cli, grpc_tls, logs, runtime, telemetry
+from services.common.grpc_tls import GrpcTls
 from services.router.debug import DebugConfig
 from services.router.discovery import DiscoveryConfig
 from services.router.discovery.dns import DnsTarget
@@ -100,10 +101,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--debug-token-file", type=Path, help=f"bearer token for /debug/* (or ${TOKEN_ENV})"
     )
     telemetry.add_cli_args(p)
+    grpc_tls.add_arguments(p)
     return p
 
 
-def router_config(args: argparse.Namespace, debug: DebugConfig | None) -> RouterConfig:
+def router_config(
+    args: argparse.Namespace, debug: DebugConfig | None, tls: GrpcTls | None = None
+) -> RouterConfig:
     return RouterConfig(
         site=args.site,
         host=args.host,
@@ -118,9 +122,11 @@ def router_config(args: argparse.Namespace, debug: DebugConfig | None) -> Router
             watch=WatchConfig(
                 report_interval_ms=args.report_interval_ms,
                 probe_interval_s=args.probe_interval_ms / 1000,
+                tls=tls,
             ),
         ),
         debug=debug,
+        tls=tls,
     )
 
 
@@ -181,6 +187,7 @@ def main(argv: list[str] | None = None, environ: dict[str, str] | None = None) -
     env = dict(os.environ) if environ is None else environ
     try:
         debug = debug_config(args, env)
+        tls = grpc_tls.from_arguments(args)
         telemetry.check_env(env)  # a bad sampler or tracer stops us here
     except ValueError as err:
         parser.error(str(err))
@@ -189,7 +196,7 @@ def main(argv: list[str] | None = None, environ: dict[str, str] | None = None) -
     except ProfileError as err:
         parser.error(f"--profile {args.profile}: {err}")
     logs.configure("router", args.log_level)
-    config = router_config(args, debug)
+    config = router_config(args, debug, tls)
     runtime.run(lambda stop: serve(config, scheduler, args, stop))
     return 0
 

@@ -27,6 +27,7 @@ import grpc
 
 from meridian.v1 import router_pb2_grpc
 from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.grpc_tls import GrpcTls
 from services.common.grpcutil import Health, new_server
 from services.common.logs import event
 from services.common.loopwatch import LoopWatch
@@ -55,6 +56,8 @@ class RouterConfig:
     debug: DebugConfig | None = None
     #: How long ``server.stop`` lets Route calls in progress finish.
     stop_grace_s: float = 1.0
+    #: Mutual TLS for the gRPC API (callers must present a certificate the CA signed).
+    tls: GrpcTls | None = None
 
     def __post_init__(self) -> None:
         if not self.site:
@@ -126,7 +129,7 @@ class RouterServer:
         server = new_server()
         router_pb2_grpc.add_RouterServicer_to_server(self.service, server)
         self.health.add_to(server)
-        self.port = bind_grpc(server, cfg.host, cfg.port, "the router's gRPC API")
+        self.port = bind_grpc(server, cfg.host, cfg.port, "the router's gRPC API", cfg.tls)
         if self.debug is not None:
             try:  # bound before gRPC starts: a taken port stops us cleanly
                 await self.debug.start()
@@ -149,6 +152,7 @@ class RouterServer:
             dns=[str(t) for t in d.dns],
             announce_dir=str(d.announce_dir) if d.announce_dir else None,
             debug_port=self.debug_port,
+            mutual_tls=cfg.tls is not None,
         )
         return self.port
 

@@ -23,7 +23,8 @@ import grpc
 
 from meridian.v1 import worker_pb2, worker_pb2_grpc
 from services.common.clock import Clock
-from services.common.grpcutil import insecure_channel
+from services.common.grpc_tls import GrpcTls
+from services.common.grpcutil import channel_to
 from services.common.logs import event
 from services.router.fleet import Fleet
 
@@ -46,6 +47,8 @@ class WatchConfig:
     describe_timeout_s: float = 2.0
     backoff_min_s: float = 0.2
     backoff_max_s: float = 2.0
+    #: Mutual TLS to the workers (None: plaintext).
+    tls: GrpcTls | None = None
 
     def __post_init__(self) -> None:
         if not 10 <= self.report_interval_ms <= 60_000:
@@ -89,7 +92,7 @@ class WorkerWatcher:
         backoff = cfg.backoff_min_s
         failures = 0  # consecutive connection attempts that never got a load report
         while True:
-            channel = insecure_channel(self.address)
+            channel = channel_to(self.address, cfg.tls)
             reported = False
             try:
                 stub = worker_pb2_grpc.WorkerStub(channel)

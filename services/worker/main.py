@@ -19,7 +19,8 @@ import re
 import sys
 from pathlib import Path
 
-from services.common import cli, logs, runtime, telemetry
+from services.common import cli, grpc_tls, logs, runtime, telemetry
+from services.common.grpc_tls import GrpcTls
 from services.worker.engine import Engine, EngineConfigError
 from services.worker.engine_factory import ENGINE_NAMES, build_engine
 from services.worker.server import WorkerConfig, WorkerServer
@@ -144,10 +145,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     upstream_options.add_arguments(p)
     telemetry.add_cli_args(p)
+    grpc_tls.add_arguments(p)
     return p
 
 
-def worker_config(args: argparse.Namespace) -> WorkerConfig:
+def worker_config(args: argparse.Namespace, tls: GrpcTls | None = None) -> WorkerConfig:
     return WorkerConfig(
         worker_id=args.worker_id,
         region=args.region,
@@ -157,15 +159,18 @@ def worker_config(args: argparse.Namespace) -> WorkerConfig:
         early_report_load=args.early_report_load,
         drain_grace_s=args.drain_grace_s,
         max_load_watchers=args.max_load_watchers,
+        tls=tls,
     )
 
 
-async def serve(args: argparse.Namespace, engine: Engine, stop: asyncio.Event) -> None:
+async def serve(
+    args: argparse.Namespace, engine: Engine, stop: asyncio.Event, tls: GrpcTls | None = None
+) -> None:
     tel = telemetry.setup(
         "worker",
         resource_attributes={"meridian.region": args.region, "meridian.worker": args.worker_id},
     )
-    worker = WorkerServer(config=worker_config(args), engine=engine, telemetry=tel)
+    worker = WorkerServer(config=worker_config(args, tls), engine=engine, telemetry=tel)
     ready: dict[str, object] = {"host": args.host}
     metrics_runner = None
     if args.metrics_port is not None:  # bound before gRPC: a taken port stops us cleanly
@@ -193,11 +198,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         telemetry.check_env(os.environ)  # a bad sampler or tracer stops us here
+        tls = grpc_tls.from_arguments(args)
         engine = build_engine(args)
     except (EngineConfigError, ValueError) as err:
         parser.error(str(err))
     logs.configure("worker", args.log_level)  # after the flags: a refused flag logs nothing
-    runtime.run(lambda stop: serve(args, engine, stop))
+    runtime.run(lambda stop: serve(args, engine, stop, tls))
     return 0
 
 

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 import grpc
 
 from meridian.v1 import worker_pb2_grpc
+from services.common.grpc_tls import GrpcTls
 from services.common.grpcutil import Health, new_server
 from services.common.logs import event
 from services.common.startup import bind_grpc
@@ -58,6 +59,8 @@ class WorkerConfig:
     max_load_watchers: int = MAX_LOAD_WATCHERS
     #: How long ``server.stop`` lets RPCs still open after the drain finish.
     stop_grace_s: float = 1.0
+    #: Mutual TLS for the gRPC API (callers must present a certificate the CA signed).
+    tls: GrpcTls | None = None
 
     def __post_init__(self) -> None:
         if not self.worker_id or not self.region:
@@ -131,7 +134,9 @@ class WorkerServer:
         server = new_server()
         worker_pb2_grpc.add_WorkerServicer_to_server(self.service, server)
         self.health.add_to(server)
-        self.port = bind_grpc(server, self.config.host, self.config.port, "the worker's gRPC API")
+        self.port = bind_grpc(
+            server, self.config.host, self.config.port, "the worker's gRPC API", self.config.tls
+        )
         await server.start()
         self._server = server
         await self.health.set_serving(False)
@@ -141,6 +146,7 @@ class WorkerServer:
             port=self.port,
             engine=self.engine.name,
             region=self.config.region,
+            mutual_tls=self.config.tls is not None,
         )
         self._loading = asyncio.get_running_loop().create_task(self._load())
         return self.port

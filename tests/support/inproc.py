@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from services.common.clock import SYSTEM_CLOCK, Clock
+from services.common.grpc_tls import GrpcTls
 from services.common.telemetry import Telemetry
 from services.edge.app import EdgeDeps
 from services.edge.counters import EdgeCounters
@@ -80,6 +81,7 @@ async def start_worker(
     host: str = "127.0.0.1",
     port: int = 0,
     drain_grace_s: float = 0.5,
+    tls: GrpcTls | None = None,
 ) -> RunningWorker:
     """A worker listening on ``host:port`` (any loopback address; port 0 picks a free one),
     loaded and SERVING when this returns."""
@@ -92,6 +94,7 @@ async def start_worker(
             report_interval_s=report_interval_s,
             drain_grace_s=drain_grace_s,
             stop_grace_s=0.0,
+            tls=tls,
         ),
         engine=engine,
     )
@@ -162,6 +165,7 @@ async def start_router(
     probe_interval_s: float = 0.25,
     debug: DebugConfig | None = None,
     listen: str = "127.0.0.1:0",
+    tls: GrpcTls | None = None,
 ) -> RunningRouter:
     """A router in this event loop. Workers come from ``worker_addresses`` (static), ``dns``
     names (re-resolved every ``dns_interval_s``, through ``resolver`` if given) and
@@ -180,11 +184,14 @@ async def start_router(
                 announce_dir=announce_dir,
                 announce_interval_s=announce_interval_s,
                 watch=WatchConfig(
-                    report_interval_ms=report_interval_ms, probe_interval_s=probe_interval_s
+                    report_interval_ms=report_interval_ms,
+                    probe_interval_s=probe_interval_s,
+                    tls=tls,
                 ),
             ),
             debug=debug,
             stop_grace_s=0.0,
+            tls=tls,
         ),
         scheduler=scheduler or load_profile(DEFAULT_PROFILE),
         resolver=resolver,
@@ -252,7 +259,7 @@ async def start_edge(
     server = EdgeServer(
         config=config,
         redis=redis,
-        router=RouterClient(router_address),
+        router=RouterClient(router_address, tls=config.grpc_tls),
         hasher=KeyHasher(pepper),
         clock=clock,
         telemetry=telemetry,

@@ -27,7 +27,8 @@ import grpc
 
 from meridian.v1 import router_pb2, router_pb2_grpc
 from services.common.errors import MeridianError, Unavailable, from_grpc
-from services.common.grpcutil import insecure_channel
+from services.common.grpc_tls import GrpcTls
+from services.common.grpcutil import channel_to
 from services.common.logs import event
 from services.common.tracecontext import inject_metadata
 
@@ -71,8 +72,9 @@ class RouterClient:
         outcome_flush_s: float = 0.02,
         max_outcome_batch: int = 512,
         stream: bool = True,
+        tls: GrpcTls | None = None,
     ) -> None:
-        self._channel = insecure_channel(address)
+        self._channel = channel_to(address, tls)
         self._stub = router_pb2_grpc.RouterStub(self._channel)
         self._timeout_s = timeout_s
         self._outcome_flush_s = outcome_flush_s

@@ -16,7 +16,8 @@ from typing import Any, Literal, Protocol, get_args
 import grpc
 
 from meridian.v1 import worker_pb2, worker_pb2_grpc
-from services.common.grpcutil import insecure_channel
+from services.common.grpc_tls import GrpcTls
+from services.common.grpcutil import channel_to
 from services.edge.counters import EdgeCounters
 from services.edge.upstream.mux import MuxSession
 
@@ -45,11 +46,16 @@ class WorkerPool:
     transport, one GenerateMux call per worker on it too."""
 
     def __init__(
-        self, transport: WorkerTransport = "mux", counters: EdgeCounters | None = None
+        self,
+        transport: WorkerTransport = "mux",
+        counters: EdgeCounters | None = None,
+        *,
+        tls: GrpcTls | None = None,
     ) -> None:
         if transport not in WORKER_TRANSPORTS:
             raise ValueError(f"transport must be one of {WORKER_TRANSPORTS}, got {transport!r}")
         self.transport = transport
+        self._tls = tls
         self._counters = counters or EdgeCounters()
         self._stubs: dict[str, tuple[grpc.aio.Channel, worker_pb2_grpc.WorkerStub]] = {}
         self._sessions: dict[str, MuxSession] = {}
@@ -60,7 +66,7 @@ class WorkerPool:
     def _stub(self, address: str) -> worker_pb2_grpc.WorkerStub:
         entry = self._stubs.get(address)
         if entry is None:
-            channel = insecure_channel(address)
+            channel = channel_to(address, self._tls)
             entry = (channel, worker_pb2_grpc.WorkerStub(channel))
             self._stubs[address] = entry
         return entry[1]
