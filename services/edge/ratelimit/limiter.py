@@ -135,6 +135,8 @@ class Lease:
     settled: bool = False
     #: Admitted on this replica's windows while Redis was out (ms): to be charged to Redis.
     fail_open_at_ms: int | None = None
+    #: The tokens it used, once settled.
+    used: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,7 +304,7 @@ class RateLimiter:
         lease.settled = True
         self._live.discard(lease)
         self._unadopted.discard(lease)
-        used = max(0, used_tokens)
+        used = lease.used = max(0, used_tokens)
         if lease.backend is None:
             return
         if lease.backend is self._redis:
@@ -454,7 +456,8 @@ class RateLimiter:
             for lease in leases:
                 self._unadopted.discard(lease)
                 if lease.settled:
-                    ended.append(_Write(lease.ask, 0, lease.fail_open_at_ms or now_ms, charge=True))
+                    at_ms = lease.fail_open_at_ms or now_ms
+                    ended.append(_Write(lease.ask, lease.used, at_ms, charge=True))
                     continue
                 lease.backend = redis
                 await self._local.settle(lease.ask, lease.ask.tokens, now_ms)

@@ -487,3 +487,28 @@ async def test_an_outage_request_whose_window_has_passed_is_not_charged(outage: 
     assert outage.counters.limiter_charges_dropped == 1
     assert outage.counters.limiter_charged_back == 0
     assert outage.counters.settle_failures == 0
+
+
+async def test_a_stream_that_ends_while_it_moves_to_redis_keeps_its_used_tokens_and_frees_its_slot(
+    outage: _Outage,
+) -> None:
+    limiter = outage.limiter
+    outage.server.stop()
+    stream = await limiter.admit(ask(100, tpm=10_000, max_streams=1))
+    await outage.back()
+    backend = limiter._redis
+    assert backend is not None
+    charge_many = backend.charge_many
+
+    async def ending_meanwhile(items: list[Charge], now_ms: int) -> None:
+        if any(c.live for c in items):
+            limiter.settle(stream, 7)  # the stream ends while its move is on the wire
+        await charge_many(items, now_ms)
+
+    backend.charge_many = ending_meanwhile  # type: ignore[method-assign, assignment]
+    await limiter.renew_once()
+    await eventually(lambda: limiter._flusher is None, timeout_s=10)
+    (scope,) = stream.ask.scopes
+    _, tokens, streams = scope_keys(scope)
+    assert await outage.client.hget(tokens, stream.ask.request_id) == b"7"
+    assert await outage.client.zcard(streams) == 0
