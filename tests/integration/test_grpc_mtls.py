@@ -188,3 +188,30 @@ async def test_the_container_health_check_speaks_mutual_tls(
     code, err = await check("--grpc-tls-cert", str(files.cert))
     assert code == 2
     assert "--grpc-tls-key, --grpc-tls-ca missing" in err
+
+
+async def test_workers_dialled_by_an_address_no_certificate_lists_need_the_server_name(
+    tmp_path: Path,
+) -> None:
+    """As on Kubernetes (deploy/k8s-grpc-mtls): pods are dialled by IP, the certificate names
+    ``meridian.internal``; ``--grpc-tls-server-name`` makes callers expect that name."""
+    files = write_dev_ca(tmp_path / "ca", names=("svc",), hosts=("meridian.internal",))["svc"]
+    named = GrpcTls.from_files(
+        cert=files.cert, key=files.key, ca=files.ca, server_name="meridian.internal"
+    )
+    worker = await start_worker(SimEngine(sim_config()), worker_id="kr-1", region="kr", tls=named)
+    try:
+        async with channel_to(worker.address, named) as channel:
+            info = await worker_pb2_grpc.WorkerStub(channel).Describe(
+                worker_pb2.DescribeRequest(), timeout=2
+            )
+        assert info.worker_id == "kr-1"
+        plain_name = GrpcTls(named.cert_chain, named.private_key, named.ca)  # expects 127.0.0.1
+        async with channel_to(worker.address, plain_name) as channel:
+            with pytest.raises(grpc.aio.AioRpcError) as refused:
+                await worker_pb2_grpc.WorkerStub(channel).Describe(
+                    worker_pb2.DescribeRequest(), timeout=2
+                )
+        assert refused.value.code() is grpc.StatusCode.UNAVAILABLE
+    finally:
+        await worker.stop()
