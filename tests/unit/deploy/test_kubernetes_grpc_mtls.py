@@ -51,7 +51,7 @@ def test_the_overlay_passes_the_schemas_and_every_service_parses_its_args() -> N
         except kubernetes_validate.ValidationError as err:
             pytest.fail(f"{doc['kind']}/{doc['metadata']['name']}: {err.message}")
     seen = set()
-    for doc, c in meridian_containers(docs):
+    for _, c in meridian_containers(docs):
         args = [a.replace("$(POD_NAME)", "pod-abc12") for a in c["args"]]
         parsed = PARSERS[args[0]]().parse_args(args[1:])
         assert parsed.grpc_tls_cert == f"{SECRET_DIR}/tls.crt", c["name"]
