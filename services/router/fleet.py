@@ -23,6 +23,15 @@ stream: those assignments are dropped exactly, the moment the worker's counts in
 assignment no report ever names (the request went elsewhere, or the list overflowed) is dropped
 ``admission_timeout_s`` after it was made; the edge's outcome report usually removes it first.
 
+The other way round, a request that *ended* since the last report is still in that report's
+``running``. When the edge's outcome for a request the reports already count arrives, the
+worker's ``running`` is taken as one less until its next report (``ended``). Without that,
+streams that end together — a closed-loop client's, all started at once with the same length —
+look busy for up to a report interval while their clients' next requests are counted in flight
+on top, and a worker at half its slots is refused as full (seen at 32 streams on 64 slots).
+A report sent just before the end but received after the outcome counts the request once more,
+until the next: the safe side again.
+
 Whose requests they are: this router's decision ids start with its own random prefix
 (``id_prefix``), so an admission list also tells whether anyone else sends to the worker — another
 router replica, or an edge deciding on its own while the router was unreachable. A worker whose
@@ -75,6 +84,9 @@ _STATE_FROM_PB = {
 # A deadline is never set closer than this to the rebuild that computed it, so a row sitting
 # exactly on a boundary is not rebuilt on every call.
 _MIN_DEADLINE_S = 0.001
+#: Requests remembered per worker as counted by its reports, awaiting their outcome: more are
+#: streams whose edge never reported (it died); the oldest are forgotten.
+_MAX_COUNTED = 65_536
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -147,6 +159,11 @@ class _Record:
     # another source's requests were in the last admission list naming any (or a report came
     # without lists: who else sends cannot be told); none named yet: no one else's arrived
     shared: bool = False
+    # decision_id → time: this router's requests that the worker's reports count (their
+    # assignment was released by a report), until their outcome arrives (oldest first)
+    counted: dict[str, float] = field(default_factory=dict)
+    # outcomes of ``counted`` requests since the last report: not running any more
+    ended: int = 0
 
 
 class Fleet:
@@ -242,14 +259,26 @@ class Fleet:
             prefix = self.id_prefix
             rec.shared = not all(d.startswith(prefix) for d in report.admitted_decision_ids)
         # Requests that reached the worker before the report left it are in its counts now.
+        rec.ended = 0
         if rec.assignments:
+            counted = rec.counted
             if report.reports_admissions:
                 for decision_id in report.admitted_decision_ids:
-                    rec.assignments.pop(decision_id, None)
+                    if rec.assignments.pop(decision_id, None) is not None:
+                        counted[decision_id] = now
                 covered_before = now - self._config.admission_timeout_s
+                kept = {d: t for d, t in rec.assignments.items() if t > covered_before}
             else:
                 covered_before = now - (rec.rtt_ms or 0.0) / 1000.0 - self._config.in_flight_grace_s
-            rec.assignments = {d: t for d, t in rec.assignments.items() if t > covered_before}
+                kept = {}
+                for d, t in rec.assignments.items():
+                    if t > covered_before:
+                        kept[d] = t
+                    else:
+                        counted[d] = now
+            rec.assignments = kept
+            while len(counted) > _MAX_COUNTED:  # outcomes that never came (an edge died)
+                del counted[next(iter(counted))]
         self._touch(rec)
 
     def on_probe(self, address: str, rtt_ms: float | None) -> None:
@@ -292,7 +321,9 @@ class Fleet:
         rec = self._record_of(worker_id)
         if rec is None:
             return
-        rec.assignments.pop(decision_id, None)
+        unreported = rec.assignments.pop(decision_id, None) is not None
+        if not unreported and rec.counted.pop(decision_id, None) is not None:
+            rec.ended += 1  # in the last report's running, but over now
         if failed:
             rec.failures.append(now)
         self._touch(rec)
@@ -476,7 +507,7 @@ class Fleet:
             rtt_ms=rec.rtt_ms,
             loss=loss,
             report_age_s=age,
-            running=report.running,
+            running=max(0, report.running - rec.ended),
             waiting=report.waiting,
             max_running=max(report.max_running, 1),
             kv_cache_usage=report.kv_cache_usage,

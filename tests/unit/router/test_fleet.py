@@ -202,3 +202,42 @@ def test_a_worker_is_shared_while_its_admissions_name_another_routers_requests()
     reg.on_report(ADDR, admitting(), now=5.0)
     assert only(reg, 5.0).shared  # lists again, nothing named yet: still cannot tell
     assert Fleet().id_prefix != Fleet().id_prefix  # random per router process
+
+
+def admissions(running: int, *ids: str) -> worker_pb2.LoadReport:
+    r = report(running=running)
+    r.reports_admissions = True
+    r.admitted_decision_ids.extend(ids)
+    return r
+
+
+def test_requests_that_ended_since_the_last_report_do_not_count_as_running() -> None:
+    """Closed-loop clients whose streams all end together send their next requests at once:
+    the last report still counts the ended ones, the new ones are in flight on top."""
+    reg = fleet(admission_timeout_s=2.0)
+    reg.on_report(ADDR, report(), now=1.0)
+    for i in range(6):
+        reg.assign("kr-1", f"d{i}", now=1.01)
+    reg.on_report(ADDR, admissions(6, *(f"d{i}" for i in range(6))), now=1.02)
+    assert (only(reg, 1.02).running, only(reg, 1.02).in_flight) == (6, 0)
+    for i in range(6):
+        reg.on_outcome("kr-1", f"d{i}", failed=False, now=1.05)
+    for i in range(6, 12):
+        reg.assign("kr-1", f"d{i}", now=1.05)
+    snap = only(reg, 1.06)
+    assert (snap.running, snap.in_flight) == (0, 6)  # before: 6 running + 6 in flight
+    # The next report is the worker's own count again: the new six, admitted.
+    reg.on_report(ADDR, admissions(6, *(f"d{i}" for i in range(6, 12))), now=1.12)
+    snap = only(reg, 1.12)
+    assert (snap.running, snap.in_flight) == (6, 0)
+
+
+def test_an_outcome_for_a_request_no_report_counted_yet_does_not_lower_running() -> None:
+    reg = fleet(admission_timeout_s=2.0)
+    reg.on_report(ADDR, admissions(3), now=1.0)  # three of another router's requests
+    reg.assign("kr-1", "mine", now=1.01)
+    reg.on_outcome("kr-1", "mine", failed=True, now=1.02)  # ended before any report named it
+    snap = only(reg, 1.03)
+    assert (snap.running, snap.in_flight) == (3, 0)
+    reg.on_outcome("kr-1", "unknown", failed=False, now=1.04)
+    assert only(reg, 1.04).running == 3
