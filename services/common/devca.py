@@ -39,14 +39,21 @@ class Issued:
     ca: Path
 
 
-def _san(host: str) -> x509.GeneralName:
+def subject_name(host: str) -> x509.GeneralName:
+    """A subject alternative name: an IP address if ``host`` is one, else a DNS name."""
     try:
         return x509.IPAddress(ipaddress.ip_address(host))
     except ValueError:
         return x509.DNSName(host)
 
 
-def _usage(*, ca: bool) -> x509.KeyUsage:
+def alternative_names(hosts: Sequence[str]) -> x509.SubjectAlternativeName:
+    """The extension clients check a server's name against (never the common name)."""
+    return x509.SubjectAlternativeName([subject_name(h) for h in hosts])
+
+
+def key_usage(*, ca: bool) -> x509.KeyUsage:
+    """Digital signature for a leaf; certificate and CRL signing too for a CA."""
     return x509.KeyUsage(
         digital_signature=True,
         content_commitment=False,
@@ -60,7 +67,8 @@ def _usage(*, ca: bool) -> x509.KeyUsage:
     )
 
 
-def _write_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+def write_private_key(path: Path, key: ec.EllipticCurvePrivateKey) -> None:
+    """``key`` as unencrypted PKCS#8 PEM, the file created 0600 (never readable by others)."""
     data = key.private_bytes(
         serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
     )
@@ -97,13 +105,13 @@ def write_dev_ca(
         .not_valid_before(start)
         .not_valid_after(end)
         .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-        .add_extension(_usage(ca=True), critical=True)
+        .add_extension(key_usage(ca=True), critical=True)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(ca_key.public_key()), False)
         .sign(ca_key, hashes.SHA256())
     )
     ca_file = out / "ca.crt"
     ca_file.write_bytes(ca_cert.public_bytes(serialization.Encoding.PEM))
-    _write_key(out / "ca.key", ca_key)
+    write_private_key(out / "ca.key", ca_key)
     issued: dict[str, Issued] = {}
     for name in names:
         key = ec.generate_private_key(ec.SECP256R1())
@@ -115,9 +123,9 @@ def write_dev_ca(
             .serial_number(x509.random_serial_number())
             .not_valid_before(start)
             .not_valid_after(end)
-            .add_extension(x509.SubjectAlternativeName([_san(h) for h in hosts]), critical=False)
+            .add_extension(alternative_names(hosts), critical=False)
             .add_extension(x509.BasicConstraints(ca=False, path_length=None), critical=True)
-            .add_extension(_usage(ca=False), critical=True)
+            .add_extension(key_usage(ca=False), critical=True)
             .add_extension(
                 x509.ExtendedKeyUsage(
                     [ExtendedKeyUsageOID.SERVER_AUTH, ExtendedKeyUsageOID.CLIENT_AUTH]
@@ -131,7 +139,7 @@ def write_dev_ca(
         )
         cert_file, key_file = out / f"{name}.crt", out / f"{name}.key"
         cert_file.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
-        _write_key(key_file, key)
+        write_private_key(key_file, key)
         issued[name] = Issued(cert_file, key_file, ca_file)
     return issued
 

@@ -412,15 +412,13 @@ class RateLimiter:
         ``_MAX_QUEUED_SETTLES`` of them, the newest); the others are counted and dropped (a
         settle as failed; a charge as dropped: its request no longer counts anyway)."""
         oldest = self._now_ms() - self.config.window_ms
-        kept = [item for item in queued if item.at_ms >= oldest][-_MAX_QUEUED_SETTLES:]
-        kept_ids = {id(item) for item in kept}
-        for item in queued:
-            if id(item) not in kept_ids:
-                if item.charge:
-                    self._counters.limiter_charges_dropped += 1
-                else:
-                    self._counters.settle_failures += 1
-        return kept
+        fresh = [item for item in queued if item.at_ms >= oldest]
+        over = max(0, len(fresh) - _MAX_QUEUED_SETTLES)
+        dropped = [item for item in queued if item.at_ms < oldest] + fresh[:over]
+        charges = sum(1 for item in dropped if item.charge)
+        self._counters.limiter_charges_dropped += charges
+        self._counters.settle_failures += len(dropped) - charges
+        return fresh[over:]
 
     def _adopt_soon(self) -> asyncio.Task[None] | None:
         """Start moving the outage's live leases to Redis, unless that is under way."""
