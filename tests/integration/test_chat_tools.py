@@ -192,6 +192,33 @@ async def test_parse_with_a_pydantic_model_returns_a_validated_object(stack: Sta
     assert done.choices[0].finish_reason == "stop"
 
 
+class Tree(BaseModel):
+    label: str
+    children: list[Tree]
+
+
+class Chain(BaseModel):
+    value: int
+    next: Chain | None
+
+
+@pytest.mark.parametrize("model", [Tree, Chain])
+async def test_parse_with_a_recursive_model_returns_a_validated_object(
+    stack: Stack, model: type[BaseModel]
+) -> None:
+    async with client(stack) as api:
+        for seed in range(3):
+            done = await api.chat.completions.parse(
+                model=MODEL,
+                messages=user(f"Extract it ({seed})"),
+                response_format=model,
+                seed=seed,
+                max_tokens=4096,
+            )
+            assert isinstance(done.choices[0].message.parsed, model)
+            assert done.choices[0].finish_reason == "stop"
+
+
 async def test_json_object_answers_a_json_object(stack: Stack) -> None:
     async with client(stack) as api:
         done = await api.chat.completions.create(

@@ -11,9 +11,17 @@ forms), ``multipleOf`` for integers, ``minLength``/``maxLength``, ``format`` (da
 date-time, time, email, uuid, uri), ``anyOf``/``oneOf`` (the first branch), ``allOf``
 (merged), ``$ref`` into ``$defs``/``definitions`` of the root (pydantic's nested models),
 ``default``. Not covered: ``pattern`` (a string is generated regardless; the tests' schemas
-avoid it), ``not``, ``if``/``then``, recursive ``$ref`` deeper than :data:`MAX_DEPTH` (the
-deepest level is cut short with the smallest value its type allows). A keyword whose value
-has the wrong JSON type (``"minLength": "x"``) is ignored, like an unsupported keyword.
+avoid it), ``not``, ``if``/``then``. A keyword whose value has the wrong JSON type
+(``"minLength": "x"``) is ignored, like an unsupported keyword.
+
+Recursive schemas (a pydantic ``Tree`` with ``children: list[Tree]``, a ``Chain`` with
+``next: Chain | None``) end where the schema lets them. Down to :data:`MAX_DEPTH` nested
+objects and arrays an instance is full; below it, minimal: objects take only their required
+properties, arrays their ``minItems``, and an optional value (``anyOf`` with a null branch,
+``"type": [..., "null"]``) is ``null``, so the instance still validates. Only a schema that
+requires itself at every level (a required property whose schema is the object again) runs
+on to :data:`CUT_DEPTH`, where it is cut to the smallest value of its type, which then fails
+its ``required`` as no finite instance could pass.
 
 Bounded work. A schema is client input, and the script is built synchronously on the
 worker's event loop when the request is admitted, so a schema must not be able to buy more
@@ -54,6 +62,9 @@ from dataclasses import dataclass
 from typing import Any
 
 MAX_DEPTH = 8
+"""Nested objects and arrays an instance is full down to; below, it is minimal."""
+CUT_DEPTH = 32
+"""Where a schema that requires itself at every level is cut (no finite instance exists)."""
 MAX_REWRITES = 64
 """``$ref``/``anyOf``/``allOf`` rewrites of one schema node before it is taken as it stands:
 a combinator that includes itself would otherwise recurse forever at the same depth."""
@@ -128,6 +139,7 @@ class SchemaGenerator:
         self.truncated = False
         # Memos keyed by id(); each entry keeps its key object alive, so no id is reused.
         self._normal: dict[int, tuple[dict[str, Any], dict[str, Any], Any]] = {}
+        self._minimal: dict[int, tuple[dict[str, Any], dict[str, Any], Any]] = {}
         self._required: dict[int, tuple[dict[str, Any], tuple[str, ...]]] = {}
         self._sizes: dict[int, tuple[Any, int]] = {}
 
@@ -139,7 +151,7 @@ class SchemaGenerator:
     def _value(self, schema: Any, depth: int) -> Any:
         if schema is True or not isinstance(schema, dict):
             return self._leaf(self._word())
-        schema, kind = self._normalize(schema)
+        schema, kind = self._normalize(schema, minimal=depth >= MAX_DEPTH)
         if self._budget.spent:  # its key (or resolving its schema) used up the budget
             return self._cut()
         if "const" in schema:
@@ -147,31 +159,36 @@ class SchemaGenerator:
         enum = schema.get("enum")
         if enum:
             return self._leaf(self._rng.choice(enum if isinstance(enum, list) else list(enum)))
-        if depth >= MAX_DEPTH:
+        if depth >= CUT_DEPTH:
             return self._leaf(_smallest(kind))
         make = _MAKERS.get(kind) if isinstance(kind, str) else None
         if make is None:
             return self._leaf(self._word())
         return make(self, schema, depth)
 
-    def _normalize(self, schema: dict[str, Any]) -> tuple[dict[str, Any], Any]:
+    def _normalize(self, schema: dict[str, Any], *, minimal: bool) -> tuple[dict[str, Any], Any]:
         """``schema`` with ``$ref``, ``anyOf``/``oneOf`` and ``allOf`` resolved at the top, and
-        its type; computed once per schema node (an array of a thousand items of one model
-        resolves the model once)."""
-        hit = self._normal.get(id(schema))
+        its type; computed once per schema node and mode (an array of a thousand items of one
+        model resolves the model once). ``minimal`` takes the null branch or type where there
+        is one, so an optional recursion ends."""
+        memo = self._minimal if minimal else self._normal
+        hit = memo.get(id(schema))
         if hit is not None and hit[0] is schema:
             return hit[1], hit[2]
-        out = self._rewrite(schema)
+        out = self._rewrite(schema, minimal=minimal)
         kind = out.get("type")
         if isinstance(kind, list):
             self._budget.work -= len(kind)
-            kind = next((k for k in kind if k != "null"), kind[0] if kind else None)
+            if minimal and "null" in kind:
+                kind = "null"
+            else:
+                kind = next((k for k in kind if k != "null"), kind[0] if kind else None)
         if kind is None:
             kind = _infer_type(out)
-        self._normal[id(schema)] = (schema, out, kind)
+        memo[id(schema)] = (schema, out, kind)
         return out, kind
 
-    def _rewrite(self, schema: dict[str, Any]) -> dict[str, Any]:
+    def _rewrite(self, schema: dict[str, Any], *, minimal: bool) -> dict[str, Any]:
         for _ in range(MAX_REWRITES):
             schema = self._resolve(schema)
             if "const" in schema or schema.get("enum"):
@@ -181,8 +198,9 @@ class SchemaGenerator:
                 rest = _without(schema, key)
                 options = schema[key] if isinstance(schema[key], list) else []
                 branches = [self._resolve(b) for b in options if isinstance(b, dict)]
-                # Prefer a branch that is not null, so Optional fields carry a value.
-                chosen = next((b for b in branches if b.get("type") != "null"), None)
+                # A full instance prefers a branch that is not null, so Optional fields carry
+                # a value; a minimal one prefers null, so a recursion through them ends.
+                chosen = next((b for b in branches if (b.get("type") == "null") == minimal), None)
                 if chosen is None:
                     chosen = branches[0] if branches else {}
                 schema = {**rest, **chosen}
@@ -303,20 +321,23 @@ class SchemaGenerator:
             props = {}
         self._take(1, 1)  # the opening bracket; the closing one once it is written
         out: dict[str, Any] = {}
-        for name, sub in props.items():
-            if self._full(out):
-                return out
-            self._key(name, out)
-            out[name] = self._value(sub, depth + 1)
         extra = schema.get("additionalProperties", True)
         extra_schema = extra if isinstance(extra, dict) else _EMPTY
+        # A minimal object (below MAX_DEPTH) skips the optional properties: only the
+        # required loop below writes any.
+        if depth < MAX_DEPTH:
+            for name, sub in props.items():
+                if self._full(out):
+                    return out
+                self._key(name, out)
+                out[name] = self._value(sub, depth + 1)
         for name in self._names(schema):
             if name in out:
                 continue
             if self._full(out):
                 return out
             self._key(name, out)
-            out[name] = self._value(extra_schema, depth + 1)
+            out[name] = self._value(props.get(name, extra_schema), depth + 1)
         minimum = _count(schema.get("minProperties"), 0)
         i = 0
         while len(out) < minimum and extra is not False:
@@ -332,9 +353,13 @@ class SchemaGenerator:
         prefix = schema.get("prefixItems") or []
         if not isinstance(prefix, list):
             prefix = []
-        low = _count(schema.get("minItems"), 1 if not prefix else len(prefix))
+        minimal = depth >= MAX_DEPTH
+        low = _count(schema.get("minItems"), len(prefix) if prefix or minimal else 1)
         high = _count(schema.get("maxItems"), max(low, 3))
-        count = self._rng.randint(min(low, high), high) if high >= low else low
+        if minimal:
+            count = max(0, low)
+        else:
+            count = self._rng.randint(min(low, high), high) if high >= low else low
         items = schema.get("items", _EMPTY)
         self._take(1, 1)  # the opening bracket; the closing one once it is written
         unique = bool(schema.get("uniqueItems"))

@@ -37,6 +37,48 @@ class Person(BaseModel):
     friends: list[Address] = []
 
 
+class Tree(BaseModel):
+    """Recursive through a required list: ends where a level takes no children."""
+
+    label: str
+    children: list[Tree]
+
+
+class Chain(BaseModel):
+    """Recursive through a required Optional (``anyOf`` with a null branch)."""
+
+    value: int
+    next: Chain | None
+
+
+class Thread(BaseModel):
+    """Recursive through an optional property and a list of Optionals."""
+
+    text: str
+    reply: Thread | None = None
+    quotes: list[Thread | None] = []
+
+
+RECURSIVE: list[dict[str, Any]] = [
+    Tree.model_json_schema(),
+    Chain.model_json_schema(),
+    Thread.model_json_schema(),
+    # The same by hand: a nullable "type" list, recursion through $defs.
+    {
+        "$defs": {
+            "node": {
+                "type": ["object", "null"],
+                "properties": {"v": {"type": "integer"}, "next": {"$ref": "#/$defs/node"}},
+                "required": ["v", "next"],
+            }
+        },
+        "$ref": "#/$defs/node",
+    },
+    # An array of itself: minimal levels are empty arrays.
+    {"type": "array", "items": {"$ref": "#"}},
+]
+
+
 SCHEMAS: list[dict[str, Any]] = [
     {"type": "object", "properties": {"a": {"type": "integer", "minimum": 3, "maximum": 5}}},
     {"type": "array", "items": {"type": "string", "enum": ["x", "y"]}, "minItems": 2},
@@ -62,6 +104,47 @@ def test_generated_instances_validate_against_their_schema(
     value = jsongen.generate(schema, seed)
     jsonschema.validate(value, schema, format_checker=jsonschema.FormatChecker())
     json.dumps(value)  # and it is JSON
+
+
+def _depth(value: Any) -> int:
+    if isinstance(value, dict):
+        return 1 + max((_depth(v) for v in value.values()), default=0)
+    if isinstance(value, list):
+        return 1 + max((_depth(v) for v in value), default=0)
+    return 0
+
+
+@pytest.mark.parametrize("schema", RECURSIVE, ids=[str(i) for i in range(len(RECURSIVE))])
+@pytest.mark.parametrize("seed", range(8))
+def test_recursive_schemas_end_in_a_valid_instance(schema: dict[str, Any], seed: int) -> None:
+    value = jsongen.generate(schema, seed)
+    jsonschema.validate(value, schema, format_checker=jsonschema.FormatChecker())
+    assert _depth(value) <= jsongen.MAX_DEPTH + 2  # minimal levels stop at once
+
+
+@pytest.mark.parametrize("model", [Tree, Chain, Thread])
+def test_recursive_pydantic_models_parse_what_the_generator_writes(model: type[BaseModel]) -> None:
+    # What client.chat.completions.parse(response_format=model) does with the answer.
+    for seed in range(8):
+        text = jsongen.render(model.model_json_schema(), seed, max_tokens=4096)
+        assert text.complete
+        model.model_validate_json(text.text)
+
+
+def test_a_recursive_instance_is_full_above_the_depth_limit() -> None:
+    chain = jsongen.generate(Chain.model_json_schema(), 3)
+    links = 0
+    while chain is not None:
+        links += 1
+        chain = chain["next"]
+    # Full levels follow the non-null branch; the first minimal level ends the chain.
+    assert links == jsongen.MAX_DEPTH
+
+
+def test_a_schema_that_requires_itself_is_cut_at_the_cut_depth() -> None:
+    endless = {"type": "object", "properties": {"me": {"$ref": "#"}}, "required": ["me"]}
+    value = jsongen.generate(endless, 0)
+    assert _depth(value) == jsongen.CUT_DEPTH + 1  # no finite instance; it stops anyway
 
 
 def test_the_same_seed_gives_the_same_document() -> None:
