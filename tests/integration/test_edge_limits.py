@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
 import redis.asyncio as aioredis
 
@@ -256,6 +257,20 @@ async def test_min_tokens_without_max_tokens_is_reserved_and_refused_as_too_larg
         assert "Limit 2000, Requested 80" in refused.body["error"]["message"]
     assert small.status == 200, small.body  # the default budget (1024) still fits
     assert stack.edge.counters.rate_limited_too_large == 2
+    assert by_min.headers["x-should-retry"] == "false"
+
+
+async def test_the_openai_sdk_does_not_retry_a_request_larger_than_the_tpm(stack: Stack) -> None:
+    key = await stack.edge.new_key("tpm-sdk", limits=Limits(tpm=2000))
+    # The SDK's default: two retries with backoff for any 429 not marked otherwise.
+    async with openai.AsyncOpenAI(base_url=stack.base_url, api_key=key, max_retries=2) as api:
+        with pytest.raises(openai.RateLimitError) as refused:
+            await api.chat.completions.create(
+                model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=8000
+            )
+    assert "Request too large" in refused.value.message
+    assert refused.value.response.headers["x-should-retry"] == "false"
+    assert stack.edge.counters.rate_limited_too_large == 1  # one attempt, not three
 
 
 async def test_without_max_tokens_a_token_limited_request_generates_no_more_than_it_reserved(

@@ -10,6 +10,10 @@ Headers (on every admitted response and on 429s), for the *binding* scope of eac
 
 A dimension no scope limits gets no headers. "Reset" is when the next unit of room frees in a
 sliding window — the moment a client waiting for room should retry.
+
+A request larger than a whole tpm can never be admitted, so its 429 also says
+``x-should-retry: false``: the header OpenAI's own SDKs obey before their status-code rule
+(which retries every 429, twice by default, with backoff, for nothing).
 """
 
 from __future__ import annotations
@@ -27,8 +31,11 @@ def go_duration(ms: int) -> str:
     return f"{minutes}m{seconds}s" if minutes else f"{seconds}s"
 
 
+NO_RETRY = {"x-should-retry": "false"}
+
+
 def rate_limit_headers(ask: Ask, verdict: Verdict) -> dict[str, str]:
-    headers: dict[str, str] = {}
+    headers: dict[str, str] = dict(NO_RETRY) if verdict.reason is Reason.TOO_LARGE else {}
     req = [
         (s.limits.rpm, st.requests, st.reset_ms)
         for s, st in zip(ask.scopes, verdict.states, strict=True)

@@ -54,7 +54,12 @@ from services.common.errors import RateLimited, Unavailable
 from services.common.logs import event
 from services.edge.breaker import FAILURES, Breaker, BreakerOpen
 from services.edge.counters import EdgeCounters
-from services.edge.ratelimit.headers import go_duration, rate_limit_headers, refusal_message
+from services.edge.ratelimit.headers import (
+    NO_RETRY,
+    go_duration,
+    rate_limit_headers,
+    refusal_message,
+)
 from services.edge.ratelimit.redis_backend import Charge, RedisBackend
 from services.edge.ratelimit.types import (
     Ask,
@@ -227,7 +232,7 @@ class RateLimiter:
                 raise RateLimitExceeded(
                     refusal_message(Ask(ask.request_id, ask.tokens, (scope,)), _at(verdict)),
                     retry_after_s=None,
-                    headers={},
+                    headers=dict(NO_RETRY),
                 )
             denial = self._denied.get(scope.id)
             if denial is None:

@@ -196,7 +196,23 @@ async def test_a_request_larger_than_tpm_is_refused_without_redis(dead: aioredis
         await limiter.admit(ask(500, tpm=100))
     assert "Request too large" in refused.value.message
     assert refused.value.retry_after_s is None
+    assert refused.value.headers["x-should-retry"] == "false"
     assert (counters.rate_limited_too_large, counters.limiter_redis_errors) == (1, 0)
+
+
+async def test_only_a_request_larger_than_tpm_is_marked_not_to_be_retried(
+    live: aioredis.Redis,
+) -> None:
+    limiter = make(live, ManualClock(), EdgeCounters())
+    scope = (Scope("tenant", "no-retry", "{no-retry}:t", Limits(tpm=100)),)
+    with pytest.raises(RateLimitExceeded) as too_large:
+        await limiter.admit(Ask("big", 500, scope))
+    assert too_large.value.headers["x-should-retry"] == "false"
+    await limiter.admit(Ask("first", 60, scope))
+    with pytest.raises(RateLimitExceeded) as full:  # waiting helps this one: retry it
+        await limiter.admit(Ask("second", 60, scope))
+    assert "Rate limit reached for tokens per minute" in full.value.message
+    assert "x-should-retry" not in full.value.headers
 
 
 async def test_fail_open_decides_on_local_windows_scaled_to_the_replica_share(

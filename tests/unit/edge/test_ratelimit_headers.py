@@ -66,3 +66,15 @@ def test_refusals_say_what_where_and_how_much(reason: Reason, expected: str) -> 
     assert expected in message
     if reason is not Reason.TOO_LARGE:
         assert message.endswith("Please try again in 2s.")
+
+
+@pytest.mark.parametrize("reason", list(Reason))
+def test_only_a_request_larger_than_the_tpm_is_marked_not_to_be_retried(reason: Reason) -> None:
+    verdict = Verdict(
+        False, (ScopeState(1, 0, 0, 0), ScopeState(100, 1190, 4, 2_000)), reason, 1, 2_000
+    )
+    headers = rate_limit_headers(Ask("r", 20, (KEY, TENANT)), verdict)
+    # OpenAI's SDKs read x-should-retry before their "retry every 429" rule.
+    assert headers.get("x-should-retry") == ("false" if reason is Reason.TOO_LARGE else None)
+    admitted = Verdict(True, (ScopeState(1, 0, 0, 0), ScopeState(1, 0, 0, 0)))
+    assert "x-should-retry" not in rate_limit_headers(Ask("r", 20, (KEY, TENANT)), admitted)
