@@ -44,9 +44,7 @@ class LogprobsBuilder:
             self._prompt_started |= prompt
             self.tokens.append(lp.token)
             self.token_logprobs.append(None if first_of_prompt else lp.logprob)
-            self.top_logprobs.append(
-                None if first_of_prompt else {t.token: t.logprob for t in lp.top}
-            )
+            self.top_logprobs.append(None if first_of_prompt else _top(lp))
             self.text_offset.append(self._offset)
             self._offset += len(lp.token)
 
@@ -71,6 +69,15 @@ class LogprobsBuilder:
             "top_logprobs": self.top_logprobs[i:],
             "text_offset": self.text_offset[i:],
         }
+
+
+def _top(lp: worker_pb2.TokenLogprob) -> dict[str, float]:
+    """The ``logprobs`` most likely tokens and the sampled one, as OpenAI's legacy API and
+    vLLM give them ("up to logprobs+1 elements"): ``logprobs: 0`` is the sampled token alone,
+    not an empty dict."""
+    top = {t.token: t.logprob for t in lp.top}
+    top.setdefault(lp.token, lp.logprob)
+    return top
 
 
 def choice(

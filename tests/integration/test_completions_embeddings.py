@@ -132,7 +132,9 @@ async def test_echo_with_logprobs_returns_the_prompt_and_its_token_logprobs(stac
     assert all(v is not None and v <= 0 for v in token_logprobs[1:])
     assert lp.text_offset == sorted(lp.text_offset)
     assert lp.text_offset[0] == 0
-    assert all(t is not None and len(t) <= 2 for t in top_logprobs[1:])
+    # The top 2 and the sampled token: up to logprobs + 1 entries, always the sampled one.
+    assert all(t is not None and 1 <= len(t) <= 3 for t in top_logprobs[1:])
+    assert all(tok in top for tok, top in zip(lp.tokens[1:], top_logprobs[1:], strict=True))
     assert len(lp.tokens) == done.usage.prompt_tokens + 4 if done.usage else False
 
 
@@ -209,6 +211,15 @@ async def test_a_streamed_echo_starts_with_the_prompt(stack: Stack) -> None:
         for t in x.choices[0].logprobs.tokens or []
     ]
     assert "".join(tokens) == "".join(x.choices[0].text for x in chunks if x.choices)
+    tops: list[Any] = [
+        top
+        for x in chunks
+        if x.choices and x.choices[0].logprobs
+        for top in x.choices[0].logprobs.top_logprobs or []
+    ]
+    assert tops[0] is None  # the prompt's first token
+    # logprobs: 0 is the sampled token's own logprob, as OpenAI and vLLM give it.
+    assert [list(top) for top in tops[1:]] == [[t] for t in tokens[1:]]
 
 
 async def test_token_id_prompts_and_a_list_of_prompts_give_one_choice_each(stack: Stack) -> None:

@@ -49,6 +49,15 @@ def test_a_prompt_whose_logprobs_come_in_several_chunks_has_one_first_token() ->
     assert b.as_dict()["top_logprobs"] == [None, {" world": -1.5}]
 
 
+def test_top_logprobs_hold_the_sampled_token_too_up_to_logprobs_plus_one() -> None:
+    b = LogprobsBuilder()
+    b.add([lp("a", -3.0, ("b", -0.5), ("c", -1.0)), lp("b", -0.5, ("b", -0.5), ("c", -1.0))])
+    assert b.as_dict()["top_logprobs"] == [
+        {"b": -0.5, "c": -1.0, "a": -3.0},  # sampled outside the top 2: three entries
+        {"b": -0.5, "c": -1.0},
+    ]
+
+
 def test_streamed_logprob_deltas_continue_the_offsets() -> None:
     b = LogprobsBuilder()
     b.add([lp("ab", -1.0)])
@@ -57,7 +66,7 @@ def test_streamed_logprob_deltas_continue_the_offsets() -> None:
     assert b.delta() == {
         "tokens": ["cd", "e"],
         "token_logprobs": [-1.0, -1.0],
-        "top_logprobs": [{}, {}],
+        "top_logprobs": [{"cd": -1.0}, {"e": -1.0}],  # logprobs: 0 is the sampled token
         "text_offset": [2, 4],
     }
     assert b.as_dict()["tokens"] == ["ab", "cd", "e"]
