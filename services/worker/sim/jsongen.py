@@ -10,9 +10,10 @@ and ``prefixItems``, ``minItems``/``maxItems``, ``minimum``/``maximum`` (and the
 forms), ``multipleOf`` for integers, ``minLength``/``maxLength``, ``format`` (date,
 date-time, time, email, uuid, uri), ``anyOf``/``oneOf`` (the first branch), ``allOf``
 (merged), ``$ref`` into ``$defs``/``definitions`` of the root (pydantic's nested models),
-``default``. Not covered: ``pattern`` (a string is generated regardless; the tests' schemas
-avoid it), ``not``, ``if``/``then``. A keyword whose value has the wrong JSON type
-(``"minLength": "x"``) is ignored, like an unsupported keyword.
+``default``, ``pattern`` (a match written from the parsed regex, :mod:`.regexgen`; a pattern
+it cannot write for gets an ordinary string). Not covered: ``not``, ``if``/``then``. A
+keyword whose value has the wrong JSON type (``"minLength": "x"``) is ignored, like an
+unsupported keyword.
 
 Recursive schemas (a pydantic ``Tree`` with ``children: list[Tree]``, a ``Chain`` with
 ``next: Chain | None``) end where the schema lets them. Down to :data:`MAX_DEPTH` nested
@@ -61,6 +62,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from services.worker.sim import regexgen
+
 MAX_DEPTH = 8
 """Nested objects and arrays an instance is full down to; below, it is minimal."""
 CUT_DEPTH = 32
@@ -81,6 +84,14 @@ token, so the prefix runs a little past the budget and the first ``max_tokens`` 
 DEFAULT_MAX_TOKENS = 1 << 16
 """The budget of :func:`generate` and of a script built without one: a fixed cap."""
 
+_PATTERN_TRIES: tuple[tuple[int | None, int | None], ...] = (
+    ((None, None),) * 4
+    + tuple((s, None) for s in (*range(17), 24, 32, 48, 64, 96, 128, 256, 512, 1024))
+    + tuple((None, spread) for spread in (2, 4, 8, 16, 32) for _ in range(8))
+)
+"""How a ``pattern`` with ``minLength``/``maxLength`` is met (``(stretch, spread)`` of
+regexgen.match): four ordinary draws; every repeat stretched by 0, 1, 2… beyond its minimum;
+then draws of ever wider spread, until the length fits."""
 _WORDS = ("alpha", "bravo", "cedar", "delta", "ember", "fjord", "grove", "harbor", "iris")
 _COMBINATORS = ("$ref", "anyOf", "oneOf", "allOf")
 _EMPTY: dict[str, Any] = {}
@@ -142,6 +153,7 @@ class SchemaGenerator:
         self._minimal: dict[int, tuple[dict[str, Any], dict[str, Any], Any]] = {}
         self._required: dict[int, tuple[dict[str, Any], tuple[str, ...]]] = {}
         self._sizes: dict[int, tuple[Any, int]] = {}
+        self._patterns: dict[str, Any] = {}  # pattern -> its parse (None: cannot write one)
 
     def generate(self) -> Any:
         return self._value(self._root, 0)
@@ -398,6 +410,11 @@ class SchemaGenerator:
             self._take(1, 2)
 
     def _string(self, schema: dict[str, Any], depth: int) -> str:
+        pattern = schema.get("pattern")
+        if isinstance(pattern, str):
+            matched = self._matching(pattern, schema)
+            if matched is not None:
+                return matched
         fmt = schema.get("format")
         value: str
         if fmt == "date":
@@ -428,6 +445,47 @@ class SchemaGenerator:
         if high is not None:
             value = value[:high]
         # Quotes and content; a cut string's closing quote is never written.
+        self._take((1 if value else 0) + (1 if cut else 2), len(value) + 2)
+        if cut:
+            self.truncated = True
+            value += _CUT_STRING
+        return value
+
+    def _matching(self, pattern: str, schema: dict[str, Any]) -> str | None:
+        """A string matching ``pattern`` within ``minLength``/``maxLength`` (see
+        :data:`_PATTERN_TRIES`; then the last match whatever its length), charged; cut where
+        the budget runs out; ``None`` when there is no match to write (the caller writes an
+        ordinary string)."""
+        if pattern not in self._patterns:
+            self._budget.work -= len(pattern)
+            self._patterns[pattern] = regexgen.parse(pattern)
+        tree = self._patterns[pattern]
+        if tree is None:
+            return None
+        low = _count(schema.get("minLength"), 0)
+        longest = _number_or_none(schema.get("maxLength"))
+        room = max(0, self._budget.chars - 2)
+        limit = min(room, max(0, int(longest))) if longest is not None else room
+        value: str | None = None
+        cut = False
+        for stretch, spread in _PATTERN_TRIES:
+            steps = max(1, min(regexgen.MAX_STEPS, self._budget.work))
+            try:
+                value, used = regexgen.match(tree, self._rng, limit, steps, stretch, spread)
+            except regexgen.TooLong as err:
+                self._budget.work -= err.steps
+                if limit < room and err.steps <= steps:
+                    continue  # maxLength bound it: another draw may be shorter
+                # The budget (or the work) bound it: the string is cut there.
+                value, cut = err.prefix, True
+                break
+            except regexgen.Unsupported:
+                return None
+            self._budget.work -= used
+            if len(value) >= low or self._budget.work <= 0:
+                break
+        if value is None:
+            return None
         self._take((1 if value else 0) + (1 if cut else 2), len(value) + 2)
         if cut:
             self.truncated = True

@@ -51,8 +51,31 @@ UNRESOLVABLE: dict[str, Any] = {
     "$defs": _MODELS,
     "allOf": [{"$ref": f"#/$defs/m{i}"} for i in range(2000)],
 }
-HOSTILE = [BILLION_CHARS, HUNDRED_MILLION_ITEMS, BILLION_PROPERTIES, FAN_OUT, UNRESOLVABLE]
-HOSTILE_IDS = ["minLength", "minItems", "minProperties", "ref-fan-out", "allOf-blowup"]
+# A billion-character match, and a billion repeats of nothing (writes no character at all).
+LONG_MATCH: dict[str, Any] = {"type": "string", "pattern": "^(?:ab){1000000000}$"}
+EMPTY_REPEATS: dict[str, Any] = {
+    "type": "array",
+    "minItems": 100,
+    "items": {"type": "string", "pattern": "^(?:){1000000000}x$"},
+}
+HOSTILE = [
+    BILLION_CHARS,
+    HUNDRED_MILLION_ITEMS,
+    BILLION_PROPERTIES,
+    FAN_OUT,
+    UNRESOLVABLE,
+    LONG_MATCH,
+    EMPTY_REPEATS,
+]
+HOSTILE_IDS = [
+    "minLength",
+    "minItems",
+    "minProperties",
+    "ref-fan-out",
+    "allOf-blowup",
+    "pattern-length",
+    "pattern-empty-repeats",
+]
 
 
 def structured(request_id: str, schema: dict[str, Any], **sampling: Any) -> EngineRequest:

@@ -93,6 +93,8 @@ SCHEMAS: list[dict[str, Any]] = [
     {"const": {"fixed": [1, 2]}},
     {"type": "array", "prefixItems": [{"type": "integer"}, {"type": "string"}], "minItems": 2},
     Person.model_json_schema(),
+    {"type": "string", "pattern": r"^[A-Z]{3}-\d{4}$"},
+    {"type": "string", "pattern": r"^[a-z]+(?:-[a-z]+)*$", "minLength": 12, "maxLength": 16},
 ]
 
 

@@ -1,0 +1,230 @@
+"""Strings that match a JSON-schema ``pattern``: SimEngine's stand-in for a grammar engine's
+regex-constrained decoding (vLLM compiles ``pattern`` into the structured-output grammar).
+
+A pattern is walked as Python's own regex parser reads it (``re._parser``, what
+``re.compile`` uses; JSON schema's ECMA-262 dialect agrees with it on what schemas write:
+classes, ranges, ``\\d``/``\\w``/``\\s``, groups, alternation, counted and open repeats,
+anchors, backreferences) and one match is written out, choosing with the caller's
+``random.Random``. The string is correct by construction, never checked with ``re.search``:
+the pattern is client input, and matching a stranger's pattern is how a regex backtracks for
+hours (ReDoS); generating is linear in what is written.
+
+Not covered, so :func:`parse` gives ``None`` (or :func:`match` raises :class:`Unsupported`)
+and the caller writes an ordinary string: a pattern that does not parse, lookahead and
+lookbehind, conditionals (``(?(1)a|b)``), a class that excludes every printable character.
+Open repeats (``*``, ``+``, ``{n,}``) take up to :data:`OPEN_REPEAT_EXTRA` more than their
+minimum, counted ones (``{2,64}``) up to :data:`COUNTED_REPEAT_EXTRA` more. Bounded work: at
+most ``room`` characters are written and ``max_steps`` parse nodes visited
+(``(){1000000000}`` writes nothing a billion times); past either, :class:`TooLong` says how
+far it got.
+"""
+
+from __future__ import annotations
+
+import importlib
+import random
+import re
+import string
+from typing import Any
+
+OPEN_REPEAT_EXTRA = 3
+COUNTED_REPEAT_EXTRA = 8
+MAX_STEPS = 10_000
+"""Parse nodes one match may visit (a few milliseconds); a real pattern's match visits tens."""
+
+try:  # the regex parser re.compile itself uses; private, so it may one day be gone
+    _parser: Any = importlib.import_module("re._parser")
+    _c: Any = importlib.import_module("re._constants")
+except ImportError:  # pragma: no cover - every CPython 3.11-3.13 has it
+    _parser = _c = None
+
+_DIGITS = string.digits
+_WORD = string.ascii_letters + string.digits + "_"
+_SPACE = " "
+_PRINTABLE = string.ascii_letters + string.digits + " _-.@:/"
+# What a negated class or category may draw from: ordinary printable ASCII.
+_CATEGORIES: dict[str, tuple[str, bool]] = {
+    "CATEGORY_DIGIT": (_DIGITS, False),
+    "CATEGORY_NOT_DIGIT": (_DIGITS, True),
+    "CATEGORY_WORD": (_WORD, False),
+    "CATEGORY_NOT_WORD": (_WORD, True),
+    "CATEGORY_SPACE": (" \t\n\r\f\v", False),
+    "CATEGORY_NOT_SPACE": (" \t\n\r\f\v", True),
+}
+_UNSUPPORTED = {"ASSERT", "ASSERT_NOT", "GROUPREF_EXISTS"}
+
+
+class Unsupported(ValueError):
+    """The pattern uses something this cannot write a match for."""
+
+
+class TooLong(ValueError):
+    """The match would be longer than ``room`` (or take more than ``max_steps``);
+    ``prefix`` is what was written, ``steps`` the nodes visited."""
+
+    def __init__(self, prefix: str, steps: int) -> None:
+        super().__init__("the pattern's match does not fit")
+        self.prefix = prefix
+        self.steps = steps
+
+
+def parse(pattern: str) -> Any | None:
+    """The parsed pattern, or ``None`` when it cannot be generated from (bad or unsupported):
+    parse once per schema, write many matches."""
+    if _parser is None:
+        return None
+    try:
+        tree = _parser.parse(pattern)
+    except (re.error, RecursionError, OverflowError, ValueError):  # bad, deep, huge counts
+        return None
+    return tree if _supported(tree) else None
+
+
+def match(
+    tree: Any,
+    rng: random.Random,
+    room: int,
+    max_steps: int = MAX_STEPS,
+    stretch: int | None = None,
+    spread: int | None = None,
+) -> tuple[str, int]:
+    """One string matching the parsed pattern ``tree``, at most ``room`` characters, and the
+    parse nodes visited writing it (the caller charges them as work); raises :class:`TooLong`
+    (with the prefix) when no match this writes fits.
+
+    Repeats draw their count at random, up to ``spread`` beyond their minimum (by default
+    :data:`OPEN_REPEAT_EXTRA` or :data:`COUNTED_REPEAT_EXTRA`); with ``stretch``, every repeat
+    takes exactly its minimum plus ``stretch`` (as far as its maximum allows). A caller that
+    needs a length (``minLength``, ``maxLength``) sweeps both."""
+    writer = _Writer(rng, room, max_steps, stretch, spread)
+    try:
+        writer.emit(tree)
+    except RecursionError as err:  # hundreds of nested groups
+        raise Unsupported("the pattern nests too deeply") from err
+    return "".join(writer.out), writer.steps
+
+
+def _supported(tree: Any) -> bool:
+    stack = [tree]
+    while stack:
+        for op, av in stack.pop():
+            name = str(op)
+            if name in _UNSUPPORTED:
+                return False
+            if name == "BRANCH":
+                stack.extend(av[1])
+            elif name == "SUBPATTERN":
+                stack.append(av[3])
+            elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+                stack.append(av[2])
+            elif name == "ATOMIC_GROUP":
+                stack.append(av)
+    return True
+
+
+class _Writer:
+    def __init__(
+        self,
+        rng: random.Random,
+        room: int,
+        max_steps: int,
+        stretch: int | None,
+        spread: int | None,
+    ) -> None:
+        self.rng = rng
+        self.stretch = stretch
+        self.spread = spread
+        self.room = room
+        self.max_steps = max_steps
+        self.out: list[str] = []
+        self.length = 0
+        self.steps = 0
+        self.groups: dict[int, str] = {}
+
+    def put(self, text: str) -> None:
+        if self.length + len(text) > self.room:
+            self.out.append(text[: self.room - self.length])
+            raise TooLong("".join(self.out), self.steps)
+        self.out.append(text)
+        self.length += len(text)
+
+    def step(self) -> None:
+        self.steps += 1
+        if self.steps > self.max_steps:
+            raise TooLong("".join(self.out), self.steps)
+
+    def emit(self, tree: Any) -> None:
+        for op, av in tree:
+            self.step()
+            name = str(op)
+            if name == "LITERAL":
+                self.put(chr(av))
+            elif name == "NOT_LITERAL":
+                self.put(next(ch for ch in _PRINTABLE if ord(ch) != av))
+            elif name == "ANY":
+                self.put(self.rng.choice(string.ascii_letters))
+            elif name == "IN":
+                self.put(self._from_class(av))
+            elif name == "BRANCH":
+                self.emit(self.rng.choice(av[1]))
+            elif name == "SUBPATTERN":
+                group, _, _, sub = av
+                start = len(self.out)
+                self.emit(sub)
+                if group is not None:
+                    self.groups[group] = "".join(self.out[start:])
+            elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+                low, high, sub = av
+                if self.stretch is not None:
+                    count = min(high, low + self.stretch)
+                else:
+                    open_ = high == _c.MAXREPEAT
+                    extra = OPEN_REPEAT_EXTRA if open_ else COUNTED_REPEAT_EXTRA
+                    extra = self.spread if self.spread is not None else extra
+                    count = self.rng.randint(low, max(low, min(high, low + extra)))
+                for _ in range(count):
+                    self.step()  # an empty body ((?:){1000000000}) visits no node
+                    self.emit(sub)
+            elif name == "ATOMIC_GROUP":
+                self.emit(av)
+            elif name == "GROUPREF":
+                self.put(self.groups.get(av, ""))
+            elif name == "AT":
+                continue  # anchors: the match is the whole string, so ^ and $ hold
+            else:
+                raise Unsupported(name)
+
+    def _from_class(self, items: list[tuple[Any, Any]]) -> str:
+        negate = bool(items) and str(items[0][0]) == "NEGATE"
+        if negate:
+            options = [ch for ch in _PRINTABLE if not _in_class(items[1:], ch)]
+            if not options:
+                raise Unsupported("a negated class that excludes every printable character")
+            return self.rng.choice(options)
+        op, av = self.rng.choice(items)
+        name = str(op)
+        if name == "LITERAL":
+            return chr(av)
+        if name == "RANGE":
+            return chr(self.rng.randint(av[0], av[1]))
+        if name == "CATEGORY":
+            chars, negated = _CATEGORIES.get(str(av), (_WORD, False))
+            if negated:
+                return self.rng.choice([ch for ch in _PRINTABLE if ch not in chars])
+            return self.rng.choice(chars if chars != " \t\n\r\f\v" else _SPACE)
+        raise Unsupported(name)
+
+
+def _in_class(items: list[tuple[Any, Any]], ch: str) -> bool:
+    code = ord(ch)
+    for op, av in items:
+        name = str(op)
+        if name == "LITERAL" and av == code:
+            return True
+        if name == "RANGE" and av[0] <= code <= av[1]:
+            return True
+        if name == "CATEGORY":
+            chars, negated = _CATEGORIES.get(str(av), (_WORD, False))
+            if (ch in chars) != negated:
+                return True
+    return False
