@@ -215,7 +215,9 @@ async def _visible_models(request: web.Request) -> list[dict[str, object]]:
             {
                 "id": m.name,
                 "object": "model",
-                "created": 0,
+                # When the model came up on the earliest worker serving it now (vLLM says the
+                # time of the request; OpenAI the model's creation): stable while it serves.
+                "created": m.created_unix_s,
                 "owned_by": "meridian",
                 "regions": regions,
                 "max_model_len": m.max_model_len,

@@ -246,6 +246,7 @@ class Fleet:
                     state=_STATE_FROM_PB.get(m.state, ModelState.FAILED),
                     max_model_len=m.max_model_len,
                     capabilities=Capabilities.from_pb(m),
+                    created_unix_s=m.created_unix_s,
                 )
                 for m in report.models
             )

@@ -488,7 +488,7 @@ class RouterService(router_pb2_grpc.RouterServicer):
         request: router_pb2.ListModelsRequest,
         context: grpc.aio.ServicerContext[Any, Any],
     ) -> router_pb2.ListModelsResponse:
-        models: dict[str, tuple[set[str], int, Capabilities]] = {}
+        models: dict[str, tuple[set[str], int, Capabilities, int]] = {}
         for w in self._fleet.snapshots(self._clock.monotonic()):
             if not w.healthy:
                 continue
@@ -496,13 +496,19 @@ class RouterService(router_pb2_grpc.RouterServicer):
                 if m.state is ModelState.READY:
                     seen = models.get(m.name)
                     if seen is None:
-                        models[m.name] = ({w.region}, m.max_model_len, m.capabilities)
+                        models[m.name] = (
+                            {w.region},
+                            m.max_model_len,
+                            m.capabilities,
+                            m.created_unix_s,
+                        )
                     else:
                         seen[0].add(w.region)
                         models[m.name] = (
                             seen[0],
                             max(seen[1], m.max_model_len),
                             seen[2].merge(m.capabilities),
+                            _earliest(seen[3], m.created_unix_s),
                         )
         return router_pb2.ListModelsResponse(
             models=[
@@ -511,8 +517,9 @@ class RouterService(router_pb2_grpc.RouterServicer):
                     regions=sorted(regions),
                     max_model_len=max_len,
                     capabilities=caps.to_pb(),
+                    created_unix_s=created,
                 )
-                for name, (regions, max_len, caps) in sorted(models.items())
+                for name, (regions, max_len, caps, created) in sorted(models.items())
             ]
         )
 
@@ -641,3 +648,8 @@ class RouterService(router_pb2_grpc.RouterServicer):
                     worker_id=r.worker_id, region=r.region, filter=r.filter, reason=r.reason
                 )
         return resp
+
+
+def _earliest(a: int, b: int) -> int:
+    """The earlier of two ``created_unix_s``, where 0 means a worker that does not say."""
+    return min(a, b) if a and b else a or b

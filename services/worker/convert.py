@@ -521,7 +521,9 @@ def chunk_to_pb(out: EngineOutput) -> worker_pb2.GenerateChunk:
     return chunk
 
 
-def model_to_pb(m: ModelDescription, *, draining: bool) -> worker_pb2.ModelInfo:
+def model_to_pb(
+    m: ModelDescription, *, draining: bool, created_unix_s: int = 0
+) -> worker_pb2.ModelInfo:
     state = ModelState.DRAINING if draining and m.state is ModelState.READY else m.state
     return worker_pb2.ModelInfo(
         name=m.name,
@@ -529,6 +531,7 @@ def model_to_pb(m: ModelDescription, *, draining: bool) -> worker_pb2.ModelInfo:
         max_model_len=m.max_model_len,
         engine=m.engine,
         capabilities=m.capabilities.to_pb(),
+        created_unix_s=created_unix_s,
     )
 
 

@@ -83,6 +83,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         self._version = version
         self._report_interval_s = report_interval_s
         self._draining = False
+        self._ready_since: dict[str, int] = {}  # model -> unix s it was first seen READY
         self._inflight: dict[str, asyncio.Task[object]] = {}
         #: The engine's ids of an in-flight request with n > 1 (``<id>#<i>``, choices.py):
         #: what the drain aborts for it. Absent for n == 1 (the engine's id is its own).
@@ -499,7 +500,14 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
             raise ModelNotFound(f"model {model!r} is not served by this worker", param="model")
 
     def _models_pb(self) -> list[worker_pb2.ModelInfo]:
-        return [convert.model_to_pb(m, draining=self._draining) for m in self._engine.models()]
+        out = []
+        for m in self._engine.models():
+            if m.state is ModelState.READY:
+                # When it came up here: /v1/models' "created" (the earliest worker's).
+                self._ready_since.setdefault(m.name, int(time.time()))
+            created = self._ready_since.get(m.name, 0)
+            out.append(convert.model_to_pb(m, draining=self._draining, created_unix_s=created))
+        return out
 
 
 def _traceparent(span: trace.Span) -> str:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import time
 
 import aiohttp
 import openai
@@ -138,6 +139,16 @@ async def test_models_are_listed(stack: Stack) -> None:
     async with client(stack) as c:
         models = await c.models.list()
     assert [m.id for m in models.data] == [MODEL]
+
+
+async def test_models_say_when_they_came_up_and_keep_saying_it(stack: Stack) -> None:
+    now = time.time()
+    async with client(stack) as c:
+        first = await c.models.list()
+        again = await c.models.retrieve(MODEL)
+    created = first.data[0].created
+    assert now - 3600 < created <= now  # when the stack's workers came up, not 0
+    assert again.created == created  # stable while the fleet serves it
 
 
 async def test_wrong_key_is_an_authentication_error(stack: Stack) -> None:

@@ -36,6 +36,8 @@ class ModelStatus:
     max_model_len: int = 0
     # What this model on this worker supports (the ``capability`` filter's input).
     capabilities: Capabilities = CHAT_ONLY
+    # When it came up READY on the worker (unix s; 0: unknown): /v1/models' "created".
+    created_unix_s: int = 0
 
 
 @dataclass(frozen=True, slots=True)

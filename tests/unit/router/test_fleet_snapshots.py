@@ -8,6 +8,7 @@ import pytest
 from meridian.v1 import worker_pb2
 from services.router.fleet import Fleet, FleetConfig
 from services.router.scheduling.types import WorkerSnapshot
+from services.router.service import _earliest
 
 
 def report(worker_id: str, running: int = 0) -> worker_pb2.LoadReport:
@@ -154,3 +155,20 @@ def test_a_report_covers_an_assignment_one_rtt_and_the_grace_after_it(
     reg.assign("w0", "d1", now=1.0)
     reg.on_report("10.0.0.0:7000", report("w0"), now=report_at)
     assert reg.snapshots(report_at)[0].in_flight == in_flight
+
+
+def test_a_models_ready_time_reaches_the_snapshot_and_the_earliest_worker_wins() -> None:
+    reg = fleet(2)
+    for i, created in enumerate((1_700_000_300, 1_700_000_100)):
+        r = report(f"w{i}")
+        r.models[0].created_unix_s = created
+        reg.on_report(f"10.0.0.{i}:7000", r, now=1.1)
+    snaps = by_id(reg.snapshots(1.1))
+    assert [snaps[w].models[0].created_unix_s for w in ("w0", "w1")] == [
+        1_700_000_300,
+        1_700_000_100,
+    ]
+    # What ListModels answers for the model: the earlier; a worker that does not say (0) is
+    # no earlier than one that does.
+    assert _earliest(1_700_000_300, 1_700_000_100) == 1_700_000_100
+    assert _earliest(0, 1_700_000_100) == _earliest(1_700_000_100, 0) == 1_700_000_100
