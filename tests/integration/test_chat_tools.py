@@ -18,6 +18,7 @@ from services.edge.openai_types import parse_chat_request
 from services.edge.prompt import estimate_prompt_tokens
 from services.edge.tenancy.tenants import Limits
 from tests.integration.conftest import MODEL, Stack
+from tests.support.recursive_models import Chain, Tree
 from tests.support.wait import eventually
 
 WEATHER = {
@@ -190,16 +191,6 @@ async def test_parse_with_a_pydantic_model_returns_a_validated_object(stack: Sta
     parsed = done.choices[0].message.parsed
     assert isinstance(parsed, Person)
     assert done.choices[0].finish_reason == "stop"
-
-
-class Tree(BaseModel):
-    label: str
-    children: list[Tree]
-
-
-class Chain(BaseModel):
-    value: int
-    next: Chain | None
 
 
 @pytest.mark.parametrize("model", [Tree, Chain])

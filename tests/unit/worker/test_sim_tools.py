@@ -22,6 +22,7 @@ from services.worker.engine import (
 from services.worker.sim import jsongen
 from services.worker.sim.engine import merge_tool_calls
 from services.worker.sim.script import build_script, planned_calls
+from tests.support.recursive_models import Chain, Thread, Tree
 
 
 class Address(BaseModel):
@@ -35,28 +36,6 @@ class Person(BaseModel):
     tags: list[str]
     home: Address
     friends: list[Address] = []
-
-
-class Tree(BaseModel):
-    """Recursive through a required list: ends where a level takes no children."""
-
-    label: str
-    children: list[Tree]
-
-
-class Chain(BaseModel):
-    """Recursive through a required Optional (``anyOf`` with a null branch)."""
-
-    value: int
-    next: Chain | None
-
-
-class Thread(BaseModel):
-    """Recursive through an optional property and a list of Optionals."""
-
-    text: str
-    reply: Thread | None = None
-    quotes: list[Thread | None] = []
 
 
 RECURSIVE: list[dict[str, Any]] = [
