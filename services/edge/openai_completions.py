@@ -104,7 +104,8 @@ class CompletionRequest(BaseModel):
     stream: Flag = False
     stream_options: StreamOptions | None = None
     # Left out: 16, as OpenAI's and vLLM's completions default; null: up to the context length.
-    max_tokens: Annotated[StrictInt, Field(ge=1, le=limits.MAX_TOKENS_CEILING)] | None = (
+    # 0 only with echo: the prompt and its logprobs, nothing generated (echo_only).
+    max_tokens: Annotated[StrictInt, Field(ge=0, le=limits.MAX_TOKENS_CEILING)] | None = (
         DEFAULT_MAX_TOKENS
     )
     temperature: (
@@ -154,6 +155,27 @@ class CompletionRequest(BaseModel):
                         code="unsupported_parameter",
                     )
         return data
+
+    @model_validator(mode="after")
+    def _zero_tokens_only_to_echo(self) -> CompletionRequest:
+        if self.max_tokens == 0 and not self.echo:
+            raise InvalidRequest(
+                "Invalid value for 'max_tokens': 0 is only supported with 'echo': true (the "
+                "prompt and its logprobs, nothing generated); ask for at least 1 token.",
+                param="max_tokens",
+            )
+        return self
+
+    @property
+    def echo_only(self) -> bool:
+        """``echo`` with ``max_tokens: 0``: the prompt scored, nothing generated (how
+        lm-evaluation-harness and other scorers ask for a prompt's logprobs). The worker is
+        asked for one token, as vLLM's own server does, and the edge drops it."""
+        return self.echo and self.max_tokens == 0
+
+    def worker_max_tokens(self) -> int | None:
+        """``max_tokens`` as the worker gets it: at least 1 (see :attr:`echo_only`)."""
+        return 1 if self.echo_only else self.max_tokens
 
     @field_validator("temperature", "top_p", "presence_penalty", "frequency_penalty", mode="before")
     @classmethod

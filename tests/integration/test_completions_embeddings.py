@@ -197,6 +197,58 @@ async def test_echoed_long_prompts_with_20_logprobs_arrive_whole(
     assert usage.prompt_tokens > 4 * 6500
 
 
+@pytest.mark.parametrize("logprobs", [0, 3])
+async def test_echo_with_zero_max_tokens_scores_the_prompt_and_generates_nothing(
+    stack: Stack, logprobs: int
+) -> None:
+    # How lm-evaluation-harness asks for a prompt's loglikelihood.
+    prompt = "Paris is the capital of France"
+    async with client(stack) as c:
+        done = await c.completions.create(
+            model=MODEL, prompt=prompt, max_tokens=0, echo=True, logprobs=logprobs
+        )
+    (only,) = done.choices
+    assert only.text == prompt
+    assert only.finish_reason == "length"
+    lp = only.logprobs
+    assert lp is not None
+    assert lp.tokens is not None
+    assert lp.token_logprobs is not None
+    assert "".join(lp.tokens) == prompt
+    token_logprobs: list[Any] = list(lp.token_logprobs)
+    assert token_logprobs[0] is None
+    assert all(v is not None and v <= 0 for v in token_logprobs[1:])
+    assert done.usage is not None
+    assert done.usage.completion_tokens == 0
+    assert done.usage.prompt_tokens == len(lp.tokens)
+
+
+async def test_a_streamed_echo_with_zero_max_tokens_streams_the_prompt_only(stack: Stack) -> None:
+    prompt = "score me"
+    async with client(stack) as c:
+        stream = await c.completions.create(
+            model=MODEL,
+            prompt=[prompt, "and me"],
+            max_tokens=0,
+            echo=True,
+            logprobs=1,
+            stream=True,
+            stream_options={"include_usage": True},
+        )
+        chunks = [x async for x in stream]
+    texts: dict[int, str] = {}
+    finishes: dict[int, str | None] = {}
+    for x in chunks:
+        for ch in x.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+            finishes[ch.index] = ch.finish_reason or finishes.get(ch.index)
+    assert texts == {0: prompt, 1: "and me"}
+    assert finishes == {0: "length", 1: "length"}
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert usage.completion_tokens == 0
+
+
 async def test_a_streamed_echo_starts_with_the_prompt(stack: Stack) -> None:
     async with client(stack) as c:
         stream = await c.completions.create(
@@ -264,7 +316,8 @@ async def test_streamed_choices_of_several_prompts_carry_their_index(stack: Stac
         ({"prompt": ["a", [1, 2]]}, "prompt[1]"),
         ({"prompt": []}, "prompt"),
         ({}, "prompt"),
-        ({"prompt": "x", "max_tokens": 0}, "max_tokens"),
+        ({"prompt": "x", "max_tokens": 0}, "max_tokens"),  # 0 only with echo
+        ({"prompt": "x", "max_tokens": 0, "echo": False}, "max_tokens"),
         ({"prompt": "x", "logit_bias": "garbage"}, "logit_bias"),
         ({"prompt": "x", "logit_bias": {"a": 1}}, "logit_bias"),
         ({"prompt": "x", "logit_bias": {"5": 101}}, "logit_bias.5"),

@@ -62,7 +62,7 @@ class CompletionsDialect:
 
     def completion_budget(self, ctx: ChatContext) -> int | None:
         assert ctx.completion is not None
-        return ctx.completion.max_tokens
+        return ctx.completion.worker_max_tokens()
 
     def choices(self, ctx: ChatContext) -> int:
         """Every prompt is a choice: its max_tokens are reserved once per prompt."""
@@ -79,7 +79,7 @@ class CompletionsDialect:
             model=body.model,
             site=site,
             exclude=exclude,
-            max_tokens=body.max_tokens or ctx.completion_cap or 0,
+            max_tokens=body.worker_max_tokens() or ctx.completion_cap or 0,
             prefix_hashes=text_prefix_hashes(first) if isinstance(first, str) else [],
             needs=completion_needs(body).to_pb(),
         )

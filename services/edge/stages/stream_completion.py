@@ -45,12 +45,15 @@ log = logging.getLogger("meridian.edge")
 class _Choice:
     """One prompt's stream as it is read: text, logprobs, last chunk."""
 
-    def __init__(self, index: int, upstream: UpstreamStream, logprobs: bool) -> None:
+    def __init__(
+        self, index: int, upstream: UpstreamStream, logprobs: bool, *, echo_only: bool = False
+    ) -> None:
         self.index = index
         self.upstream = upstream
         self.last = upstream.first
         self.text: list[str] = []
         self.logprobs = LogprobsBuilder() if logprobs else None
+        self.echo_only = echo_only
 
     def take(self, chunk: worker_pb2.GenerateChunk) -> tuple[str, dict[str, object] | None]:
         """This chunk's text (the echoed prompt first) and logprobs delta. A stream the worker
@@ -58,6 +61,12 @@ class _Choice:
         migrated (only chat's are, services/edge/migration/)."""
         if chunk.finish_reason == worker_pb2.FINISH_REASON_ABORT:
             raise Unavailable("the worker stopped before this completion finished")
+        if self.echo_only:
+            # max_tokens 0: the one token the worker was asked for is not the client's, nor
+            # in its usage (as OpenAI reports it); the prompt and its logprobs are.
+            del chunk.logprobs[:]
+            chunk.text = ""
+            chunk.usage.completion_tokens = 0
         self.last = chunk
         text = chunk.prompt_text + chunk.text
         self.text.append(text)
@@ -71,6 +80,8 @@ class _Choice:
         return text, self.logprobs.delta()
 
     def finish(self) -> str:
+        if self.echo_only:
+            return "length"  # max_tokens (0) reached, as OpenAI says
         return FINISH_REASONS.get(self.last.finish_reason, "stop")
 
 
@@ -149,7 +160,10 @@ class CompletionStream(Stream):
         openings: list[asyncio.Future[UpstreamStream]],
     ) -> web.StreamResponse:
         upstreams = await asyncio.gather(*openings)
-        choices = [_Choice(i, u, body.logprobs is not None) for i, u in enumerate(upstreams)]
+        choices = [
+            _Choice(i, u, body.logprobs is not None, echo_only=body.echo_only)
+            for i, u in enumerate(upstreams)
+        ]
 
         async def read(c: _Choice) -> None:
             async for chunk in c.upstream.chunks():
@@ -208,7 +222,10 @@ class CompletionStream(Stream):
             fingerprint=_fingerprint(upstreams[0]),
             usage=body.include_usage(),
         )
-        choices = [_Choice(i, u, body.logprobs is not None) for i, u in enumerate(upstreams)]
+        choices = [
+            _Choice(i, u, body.logprobs is not None, echo_only=body.echo_only)
+            for i, u in enumerate(upstreams)
+        ]
         queue: asyncio.Queue[tuple[_Choice, worker_pb2.GenerateChunk | MeridianError]] = (
             asyncio.Queue()
         )

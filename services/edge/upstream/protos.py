@@ -101,7 +101,7 @@ def completion_request(
     else:
         req.raw_prompt.token_ids.extend(prompt)
     s = req.sampling
-    _add_common_sampling(body, s, max_tokens=body.max_tokens or ctx.completion_cap)
+    _add_common_sampling(body, s, max_tokens=body.worker_max_tokens() or ctx.completion_cap)
     s.logprobs = body.logprobs is not None
     s.top_logprobs = body.logprobs or 0
     s.ignore_eos = body.ignore_eos
