@@ -211,8 +211,11 @@ class SchemaGenerator:
                 options = schema[key] if isinstance(schema[key], list) else []
                 branches = [self._resolve(b) for b in options if isinstance(b, dict)]
                 # A full instance prefers a branch that is not null, so Optional fields carry
-                # a value; a minimal one prefers null, so a recursion through them ends.
+                # a value; a minimal one prefers null, then a scalar, so a recursion through
+                # them ends (Expr = BinOp | int: the int).
                 chosen = next((b for b in branches if (b.get("type") == "null") == minimal), None)
+                if minimal and chosen is None:
+                    chosen = next((b for b in branches if _scalar(b)), None)
                 if chosen is None:
                     chosen = branches[0] if branches else {}
                 schema = {**rest, **chosen}
@@ -479,6 +482,9 @@ class SchemaGenerator:
                 # The budget (or the work) bound it: the string is cut there.
                 value, cut = err.prefix, True
                 break
+            except regexgen.DeadEnd as err:
+                self._budget.work -= err.steps
+                continue  # that draw cannot match: the next may
             except regexgen.Unsupported:
                 return None
             self._budget.work -= used
@@ -605,6 +611,18 @@ def _infer_type(schema: dict[str, Any]) -> str:
     if "minimum" in schema or "maximum" in schema:
         return "number"
     return "string"
+
+
+def _scalar(schema: dict[str, Any]) -> bool:
+    """Whether a resolved branch is a scalar (no object or array, no further combinator):
+    one that ends a recursion."""
+    if any(k in schema for k in _COMBINATORS):
+        return False
+    kind = schema.get("type")
+    if kind is None:
+        kind = _infer_type(schema)
+    kinds = kind if isinstance(kind, list) else [kind]
+    return bool(kinds) and all(k not in ("object", "array") for k in kinds)
 
 
 def _smallest(kind: Any) -> Any:

@@ -21,6 +21,7 @@ far it got.
 
 from __future__ import annotations
 
+import bisect
 import importlib
 import random
 import re
@@ -52,10 +53,23 @@ _CATEGORIES: dict[str, tuple[str, bool]] = {
     "CATEGORY_NOT_SPACE": (" \t\n\r\f\v", True),
 }
 _UNSUPPORTED = {"ASSERT", "ASSERT_NOT", "GROUPREF_EXISTS"}
+_PRINTABLE_SORTED = "".join(sorted(_PRINTABLE))
+_CODES = [ord(ch) for ch in _PRINTABLE_SORTED]
+_SURROGATES = (0xD800, 0xDFFF)
+_ALLOWED = "ALLOWED"  # a negated class's items once prepared: (_ALLOWED, its characters)
 
 
 class Unsupported(ValueError):
     """The pattern uses something this cannot write a match for."""
+
+
+class DeadEnd(ValueError):
+    """This draw took a path that cannot match (a backreference to a group the draw left
+    out, as in ``(a)|b\\1``): draw again. ``steps``: the nodes it visited."""
+
+    def __init__(self, steps: int) -> None:
+        super().__init__("this draw cannot match")
+        self.steps = steps
 
 
 class TooLong(ValueError):
@@ -77,7 +91,10 @@ def parse(pattern: str) -> Any | None:
         tree = _parser.parse(pattern)
     except (re.error, RecursionError, OverflowError, ValueError):  # bad, deep, huge counts
         return None
-    return tree if _supported(tree) else None
+    try:
+        return tree if _prepare(tree) else None
+    except Unsupported:
+        return None
 
 
 def match(
@@ -104,14 +121,19 @@ def match(
     return "".join(writer.out), writer.steps
 
 
-def _supported(tree: Any) -> bool:
+def _prepare(tree: Any) -> bool:
+    """Whether ``tree`` is one this can write for; each negated class's allowed characters
+    are computed here, once per parse, in place of its items (a class is drawn from once per
+    character written, and a class of thousands of items must not be rescanned each time)."""
     stack = [tree]
     while stack:
         for op, av in stack.pop():
             name = str(op)
             if name in _UNSUPPORTED:
                 return False
-            if name == "BRANCH":
+            if name == "IN" and av and str(av[0][0]) == "NEGATE":
+                av[:] = [(_ALLOWED, _allowed(av[1:]))]
+            elif name == "BRANCH":
                 stack.extend(av[1])
             elif name == "SUBPATTERN":
                 stack.append(av[3])
@@ -158,9 +180,9 @@ class _Writer:
             self.step()
             name = str(op)
             if name == "LITERAL":
-                self.put(chr(av))
-            elif name == "NOT_LITERAL":
-                self.put(next(ch for ch in _PRINTABLE if ord(ch) != av))
+                self.put(_char(av))
+            elif name == "NOT_LITERAL":  # either case excluded, whatever the flags say
+                self.put(next(ch for ch in _PRINTABLE if ch.lower() != chr(av).lower()))
             elif name == "ANY":
                 self.put(self.rng.choice(string.ascii_letters))
             elif name == "IN":
@@ -188,25 +210,33 @@ class _Writer:
             elif name == "ATOMIC_GROUP":
                 self.emit(av)
             elif name == "GROUPREF":
-                self.put(self.groups.get(av, ""))
+                if av not in self.groups:
+                    raise DeadEnd(self.steps)  # group av is not part of this draw
+                self.put(self.groups[av])
             elif name == "AT":
                 continue  # anchors: the match is the whole string, so ^ and $ hold
             else:
                 raise Unsupported(name)
 
     def _from_class(self, items: list[tuple[Any, Any]]) -> str:
-        negate = bool(items) and str(items[0][0]) == "NEGATE"
-        if negate:
-            options = [ch for ch in _PRINTABLE if not _in_class(items[1:], ch)]
-            if not options:
-                raise Unsupported("a negated class that excludes every printable character")
-            return self.rng.choice(options)
+        if items and items[0][0] == _ALLOWED:  # a negated class, prepared by _prepare
+            allowed: str = items[0][1]
+            return self.rng.choice(allowed)
         op, av = self.rng.choice(items)
         name = str(op)
         if name == "LITERAL":
-            return chr(av)
+            return _char(av)
         if name == "RANGE":
-            return chr(self.rng.randint(av[0], av[1]))
+            low, high = av
+            code = self.rng.randint(low, high)
+            if _SURROGATES[0] <= code <= _SURROGATES[1]:  # not text: draw outside the gap
+                if low < _SURROGATES[0]:
+                    code = self.rng.randint(low, _SURROGATES[0] - 1)
+                elif high > _SURROGATES[1]:
+                    code = self.rng.randint(_SURROGATES[1] + 1, high)
+                else:
+                    raise Unsupported("a range of surrogates only")
+            return chr(code)
         if name == "CATEGORY":
             chars, negated = _CATEGORIES.get(str(av), (_WORD, False))
             if negated:
@@ -215,16 +245,38 @@ class _Writer:
         raise Unsupported(name)
 
 
-def _in_class(items: list[tuple[Any, Any]], ch: str) -> bool:
-    code = ord(ch)
+def _char(code: int) -> str:
+    """A literal's character; a lone surrogate is no text (it cannot be encoded as UTF-8)."""
+    if _SURROGATES[0] <= code <= _SURROGATES[1]:
+        raise Unsupported("a lone surrogate")
+    return chr(code)
+
+
+def _allowed(items: list[tuple[Any, Any]]) -> str:
+    """The printable characters a negated class with ``items`` admits, in either case (so
+    ``(?i)[^a]`` never draws ``A``, whatever the flags): one pass over the items."""
+    excluded: set[str] = set()
     for op, av in items:
         name = str(op)
-        if name == "LITERAL" and av == code:
-            return True
-        if name == "RANGE" and av[0] <= code <= av[1]:
-            return True
-        if name == "CATEGORY":
+        if name == "LITERAL":
+            excluded.add(chr(av))
+        elif name == "RANGE":
+            low, high = av
+            excluded.update(
+                _PRINTABLE_SORTED[
+                    bisect.bisect_left(_CODES, low) : bisect.bisect_right(_CODES, high)
+                ]
+            )
+        elif name == "CATEGORY":
             chars, negated = _CATEGORIES.get(str(av), (_WORD, False))
-            if (ch in chars) != negated:
-                return True
-    return False
+            excluded.update(ch for ch in _PRINTABLE if (ch in chars) != negated)
+        else:
+            raise Unsupported(name)
+        if len(excluded) >= len(_PRINTABLE):
+            break
+    allowed = "".join(
+        ch for ch in _PRINTABLE if ch not in excluded and ch.swapcase() not in excluded
+    )
+    if not allowed:
+        raise Unsupported("a negated class that excludes every printable character")
+    return allowed

@@ -53,6 +53,23 @@ RECURSIVE: list[dict[str, Any]] = [
         },
         "$ref": "#/$defs/node",
     },
+    # A union whose recursive branch comes first (pydantic's Expr = BinOp | int): a minimal
+    # level takes the scalar.
+    {
+        "$defs": {
+            "BinOp": {
+                "type": "object",
+                "properties": {
+                    "op": {"enum": ["+", "-"]},
+                    "left": {"$ref": "#/$defs/Expr"},
+                    "right": {"$ref": "#/$defs/Expr"},
+                },
+                "required": ["op", "left", "right"],
+            },
+            "Expr": {"anyOf": [{"$ref": "#/$defs/BinOp"}, {"type": "integer"}]},
+        },
+        "$ref": "#/$defs/Expr",
+    },
     # An array of itself: minimal levels are empty arrays.
     {"type": "array", "items": {"$ref": "#"}},
 ]
