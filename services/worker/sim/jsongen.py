@@ -492,6 +492,8 @@ class SchemaGenerator:
                 break
         if value is None:
             return None
+        if not cut and len(value) < low:
+            value = _padded(tree, value, min(low, limit))
         self._take((1 if value else 0) + (1 if cut else 2), len(value) + 2)
         if cut:
             self.truncated = True
@@ -611,6 +613,18 @@ def _infer_type(schema: dict[str, Any]) -> str:
     if "minimum" in schema or "maximum" in schema:
         return "number"
     return "string"
+
+
+def _padded(tree: Any, value: str, length: int) -> str:
+    """``value`` (a match) padded to ``length`` where the pattern leaves an end open (a
+    ``pattern`` is a search); as it is where both ends are anchored."""
+    start, end = regexgen.open_ends(tree)
+    pad = "x" * max(0, length - len(value))
+    if end:
+        return value + pad
+    if start:
+        return pad + value
+    return value
 
 
 def _scalar(schema: dict[str, Any]) -> bool:

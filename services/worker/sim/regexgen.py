@@ -144,6 +144,35 @@ def _prepare(tree: Any) -> bool:
     return True
 
 
+def open_ends(tree: Any) -> tuple[bool, bool]:
+    """Whether a match of ``tree`` stays a match with characters added before it, and after
+    it: JSON schema's ``pattern`` is a search, so ``^[A-Z]`` with ``minLength: 3`` is met by
+    ``"Uxx"``. An end is open when no anchor could hold it (``^`` or ``\\A`` close the start,
+    ``$`` or ``\\Z`` the end; ``\\b`` and ``\\B`` close both)."""
+    start = end = True
+    stack = [tree]
+    while stack:
+        for op, av in stack.pop():
+            name = str(op)
+            if name == "AT":
+                where = str(av)
+                if where in ("AT_BEGINNING", "AT_BEGINNING_STRING", "AT_BEGINNING_LINE"):
+                    start = False
+                elif where in ("AT_END", "AT_END_STRING", "AT_END_LINE"):
+                    end = False
+                else:
+                    start = end = False
+            elif name == "BRANCH":
+                stack.extend(av[1])
+            elif name == "SUBPATTERN":
+                stack.append(av[3])
+            elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
+                stack.append(av[2])
+            elif name == "ATOMIC_GROUP":
+                stack.append(av)
+    return start, end
+
+
 class _Writer:
     def __init__(
         self,

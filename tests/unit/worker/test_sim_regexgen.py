@@ -84,6 +84,10 @@ LENGTHS: list[dict[str, Any]] = [
     {"type": "string", "pattern": r"^[a-z]{1,20}$", "minLength": 15},
     {"type": "string", "pattern": r"^[a-z]+$", "maxLength": 2},
     {"type": "string", "pattern": r"^\d{2,9}$", "minLength": 5, "maxLength": 6},
+    # A pattern is a search: an open end is padded to minLength.
+    {"type": "string", "pattern": r"^[A-Z]", "minLength": 3},
+    {"type": "string", "pattern": r"[0-9]$", "minLength": 5},
+    {"type": "string", "pattern": r"[0-9]", "minLength": 5, "maxLength": 5},
 ]
 
 
