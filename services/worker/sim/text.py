@@ -117,6 +117,10 @@ class TextGenerator:
     def __init__(self, seed: int) -> None:
         self._rng = random.Random(seed)
         self._lp_rng = random.Random(seed ^ 0x5DEECE66D)
+        # The alternatives draw from their own stream, so a token's logprob does not depend on
+        # how many alternatives were asked for (a scorer's loglikelihood must not change with
+        # logprobs=k).
+        self._alt_rng = random.Random(seed ^ 0x2545F491)
         self._words_left = self._rng.randint(*_PUNCT_AFTER_WORDS)
         self._sentence_start = True
         self._first = True
@@ -148,11 +152,11 @@ class TextGenerator:
             return logprob, ()
         others: list[tuple[str, float]] = []
         remaining = 1.0 - p
-        for word in self._lp_rng.sample(_WORDS, min(top, len(_WORDS) - 1) + 1):
+        for word in self._alt_rng.sample(_WORDS, min(top, len(_WORDS) - 1) + 1):
             alt = " " + word
             if alt == piece or len(others) == top - 1:
                 continue
-            share = remaining * self._lp_rng.uniform(0.3, 0.7)
+            share = remaining * self._alt_rng.uniform(0.3, 0.7)
             remaining -= share
             others.append((alt, math.log(max(share, 1e-12))))
         others.sort(key=lambda item: item[1], reverse=True)

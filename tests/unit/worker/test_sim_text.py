@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from services.worker.engine import ChatTurn
+from services.worker.engine import ChatTurn, RawPrompt
 from services.worker.sim.text import (
     TextGenerator,
     render_chat,
@@ -15,6 +15,7 @@ from services.worker.sim.text import (
     token_id,
     tokenize,
 )
+from services.worker.sim.validation import echo_logprobs
 
 
 @given(st.text(max_size=300))
@@ -93,3 +94,12 @@ def test_seed_for_mixes_every_part() -> None:
     assert seed_for("a", 1) != seed_for("a", 2)
     assert seed_for("a1") != seed_for("a", 1)
     assert 0 <= seed_for("x") < 2**63
+
+
+def test_a_prompt_tokens_logprob_does_not_depend_on_how_many_alternatives_are_asked() -> None:
+    # A scorer (lm-evaluation-harness) sums these: logprobs=0 and logprobs=5 must agree.
+    prompt = RawPrompt(text="Paris is the capital of France, and Rome of Italy")
+    runs = [echo_logprobs(prompt, top) for top in (0, 1, 2, 5, 20)]
+    values = [[lp.logprob for lp in run] for run in runs]
+    assert all(v == values[0] for v in values[1:])
+    assert [len(lp.top) for lp in runs[3][1:]] == [5] * (len(runs[3]) - 1)
