@@ -84,14 +84,18 @@ token, so the prefix runs a little past the budget and the first ``max_tokens`` 
 DEFAULT_MAX_TOKENS = 1 << 16
 """The budget of :func:`generate` and of a script built without one: a fixed cap."""
 
+_BISECT = 16
+_BISECTIONS = 24
 _PATTERN_TRIES: tuple[tuple[int | None, int | None], ...] = (
     ((None, None),) * 4
-    + tuple((s, None) for s in (*range(17), 24, 32, 48, 64, 96, 128, 256, 512, 1024))
+    + tuple((s, None) for s in range(_BISECT + 1))
     + tuple((None, spread) for spread in (2, 4, 8, 16, 32) for _ in range(8))
 )
 """How a ``pattern`` with ``minLength``/``maxLength`` is met (``(stretch, spread)`` of
-regexgen.match): four ordinary draws; every repeat stretched by 0, 1, 2… beyond its minimum;
-then draws of ever wider spread, until the length fits."""
+regexgen.match): four ordinary draws; every repeat stretched by 0, 1, 2… :data:`_BISECT`
+beyond its minimum, then a bisection of the stretch up to the length limit (a match grows
+with it: ``^[0-9a-f]+$`` of exactly 32 needs 31); then draws of ever wider spread, until the
+length fits."""
 _WORDS = ("alpha", "bravo", "cedar", "delta", "ember", "fjord", "grove", "harbor", "iris")
 _COMBINATORS = ("$ref", "anyOf", "oneOf", "allOf")
 _EMPTY: dict[str, Any] = {}
@@ -471,25 +475,53 @@ class SchemaGenerator:
         limit = min(room, max(0, int(longest))) if longest is not None else room
         value: str | None = None
         cut = False
-        for stretch, spread in _PATTERN_TRIES:
+
+        def draw(stretch: int | None, spread: int | None) -> str:
+            """One try: "fits", "short", "long" (over maxLength), "dead" (redraw), "cut" (the
+            budget ran out: stop), "unsupported"."""
+            nonlocal value, cut
             steps = max(1, min(regexgen.MAX_STEPS, self._budget.work))
             try:
-                value, used = regexgen.match(tree, self._rng, limit, steps, stretch, spread)
+                text, used = regexgen.match(tree, self._rng, limit, steps, stretch, spread)
             except regexgen.TooLong as err:
                 self._budget.work -= err.steps
                 if limit < room and err.steps <= steps:
-                    continue  # maxLength bound it: another draw may be shorter
-                # The budget (or the work) bound it: the string is cut there.
-                value, cut = err.prefix, True
-                break
+                    return "long"  # maxLength bound it: another draw may be shorter
+                value, cut = err.prefix, True  # the budget (or the work) bound it: cut there
+                return "cut"
             except regexgen.DeadEnd as err:
                 self._budget.work -= err.steps
-                continue  # that draw cannot match: the next may
+                return "dead"
             except regexgen.Unsupported:
-                return None
+                return "unsupported"
             self._budget.work -= used
-            if len(value) >= low or self._budget.work <= 0:
+            value = text
+            if self._budget.work <= 0:
+                return "cut" if not text else "fits"
+            return "fits" if len(text) >= low else "short"
+
+        outcome = "short"
+        for stretch, spread in _PATTERN_TRIES:
+            outcome = draw(stretch, spread)
+            if outcome in ("fits", "cut", "unsupported"):
                 break
+            if stretch == _BISECT:  # the linear sweep is over: bisect the stretch up to limit
+                lo, hi = stretch, max(stretch, limit)
+                for _ in range(_BISECTIONS):
+                    if lo > hi:
+                        break
+                    mid = (lo + hi) // 2
+                    outcome = draw(mid, None)
+                    if outcome in ("fits", "cut", "unsupported"):
+                        break
+                    if outcome == "long":
+                        hi = mid - 1
+                    elif outcome == "short":
+                        lo = mid + 1
+                if outcome in ("fits", "cut", "unsupported"):
+                    break
+        if outcome == "unsupported":
+            return None
         if value is None:
             return None
         if not cut and len(value) < low:

@@ -84,6 +84,10 @@ LENGTHS: list[dict[str, Any]] = [
     {"type": "string", "pattern": r"^[a-z]{1,20}$", "minLength": 15},
     {"type": "string", "pattern": r"^[a-z]+$", "maxLength": 2},
     {"type": "string", "pattern": r"^\d{2,9}$", "minLength": 5, "maxLength": 6},
+    # An exact length on an open repeat: found by bisecting the stretch (31 for 32 here).
+    {"type": "string", "pattern": r"^[0-9a-f]+$", "minLength": 32, "maxLength": 32},
+    {"type": "string", "pattern": r"^[a-z]{2,64}$", "minLength": 30, "maxLength": 30},
+    {"type": "string", "pattern": r"^[a-z]+$", "minLength": 900, "maxLength": 1000},
     # A pattern is a search: an open end is padded to minLength.
     {"type": "string", "pattern": r"^[A-Z]", "minLength": 3},
     {"type": "string", "pattern": r"[0-9]$", "minLength": 5},
