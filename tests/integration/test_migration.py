@@ -56,8 +56,15 @@ async def session() -> AsyncIterator[aiohttp.ClientSession]:
 
 
 async def reference(stack: Stack, session: aiohttp.ClientSession, **over: Any) -> StreamResult:
-    ref = await chat_stream(session, stack.base_url, stack.key, body(**over))
-    assert ref.ok, ref
+    """The stream unbroken: what a broken one must equal. On a loaded box a gap between two
+    tokens can pass this stack's short stall_s (0.5 s) and move even this stream (a clean-clone
+    make test saw it once, on the module's first stream): it is asked again, up to 3 times,
+    and must then report no migration."""
+    for _ in range(3):
+        ref = await chat_stream(session, stack.base_url, stack.key, body(**over))
+        assert ref.ok, ref
+        if ref.meridian is not None and ref.meridian.get("migrations") == 0:
+            break
     assert ref.meridian == {
         "migrations": 0,
         "region": ref.headers["x-meridian-region"],
