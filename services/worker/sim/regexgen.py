@@ -26,6 +26,7 @@ import importlib
 import random
 import re
 import string
+from collections.abc import Iterator
 from typing import Any
 
 OPEN_REPEAT_EXTRA = 3
@@ -125,15 +126,22 @@ def _prepare(tree: Any) -> bool:
     """Whether ``tree`` is one this can write for; each negated class's allowed characters
     are computed here, once per parse, in place of its items (a class is drawn from once per
     character written, and a class of thousands of items must not be rescanned each time)."""
+    for name, av in _nodes(tree):
+        if name in _UNSUPPORTED:
+            return False
+        if name == "IN" and av and str(av[0][0]) == "NEGATE":
+            av[:] = [(_ALLOWED, _allowed(av[1:]))]
+    return True
+
+
+def _nodes(tree: Any) -> Iterator[tuple[str, Any]]:
+    """Every node of a parsed pattern, as (op name, argument), containers' bodies too."""
     stack = [tree]
     while stack:
         for op, av in stack.pop():
             name = str(op)
-            if name in _UNSUPPORTED:
-                return False
-            if name == "IN" and av and str(av[0][0]) == "NEGATE":
-                av[:] = [(_ALLOWED, _allowed(av[1:]))]
-            elif name == "BRANCH":
+            yield name, av
+            if name == "BRANCH":
                 stack.extend(av[1])
             elif name == "SUBPATTERN":
                 stack.append(av[3])
@@ -141,7 +149,6 @@ def _prepare(tree: Any) -> bool:
                 stack.append(av[2])
             elif name == "ATOMIC_GROUP":
                 stack.append(av)
-    return True
 
 
 def open_ends(tree: Any) -> tuple[bool, bool]:
@@ -150,26 +157,16 @@ def open_ends(tree: Any) -> tuple[bool, bool]:
     ``"Uxx"``. An end is open when no anchor could hold it (``^`` or ``\\A`` close the start,
     ``$`` or ``\\Z`` the end; ``\\b`` and ``\\B`` close both)."""
     start = end = True
-    stack = [tree]
-    while stack:
-        for op, av in stack.pop():
-            name = str(op)
-            if name == "AT":
-                where = str(av)
-                if where in ("AT_BEGINNING", "AT_BEGINNING_STRING", "AT_BEGINNING_LINE"):
-                    start = False
-                elif where in ("AT_END", "AT_END_STRING", "AT_END_LINE"):
-                    end = False
-                else:
-                    start = end = False
-            elif name == "BRANCH":
-                stack.extend(av[1])
-            elif name == "SUBPATTERN":
-                stack.append(av[3])
-            elif name in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT"):
-                stack.append(av[2])
-            elif name == "ATOMIC_GROUP":
-                stack.append(av)
+    for name, av in _nodes(tree):
+        if name != "AT":
+            continue
+        where = str(av)
+        if where in ("AT_BEGINNING", "AT_BEGINNING_STRING", "AT_BEGINNING_LINE"):
+            start = False
+        elif where in ("AT_END", "AT_END_STRING", "AT_END_LINE"):
+            end = False
+        else:
+            start = end = False
     return start, end
 
 
