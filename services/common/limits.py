@@ -33,6 +33,7 @@ MAX_EMBEDDING_INPUTS: Final = 2048  # inputs in one embeddings request (OpenAI's
 MAX_PROMPT_TOKEN_IDS: Final = 262_144  # token ids in one prompt or embedding input
 MAX_TOKEN_ID: Final = 2**31 - 1
 MAX_CHOICES: Final = 128  # chat's n, at most, whatever a deployment allows
+MAX_COMPLETION_CHOICES: Final = 64  # prompts × n in one completions request (one stream each)
 
 # JSON schemas (tool parameters, response_format): how deeply objects and arrays may nest,
 # counting the schema itself as 1. Schemas travel to the worker as protobuf Structs, three

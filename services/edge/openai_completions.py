@@ -113,8 +113,11 @@ class CompletionRequest(BaseModel):
         | None
     ) = None
     top_p: Probability | None = None
-    n: Annotated[StrictInt, Field(ge=1, le=1)] | None = None
-    best_of: Annotated[StrictInt, Field(ge=1, le=1)] | None = None
+    # Choices per prompt; the edge caps n with its --max-choices and prompts × n with
+    # MAX_COMPLETION_CHOICES (each choice is its own worker stream).
+    n: Annotated[StrictInt, Field(ge=1, le=limits.MAX_CHOICES)] | None = None
+    # Only best_of == n (or unset): ranking extra candidates server-side is not done.
+    best_of: Annotated[StrictInt, Field(ge=1, le=limits.MAX_CHOICES)] | None = None
     stop: (
         Annotated[StrictStr, Field(min_length=1, max_length=limits.MAX_STOP_LENGTH), VALID_UNICODE]
         | Annotated[
@@ -165,6 +168,28 @@ class CompletionRequest(BaseModel):
                 param="max_tokens",
             )
         return self
+
+    @model_validator(mode="after")
+    def _best_of_is_n(self) -> CompletionRequest:
+        if self.best_of is None or self.best_of == self.choices():
+            return self
+        if self.best_of < self.choices():
+            raise InvalidRequest(
+                f"Invalid value for 'best_of': {self.best_of} is less than 'n' "
+                f"({self.choices()}); best_of must be greater than or equal to n.",
+                param="best_of",
+            )
+        raise InvalidRequest(
+            f"Unsupported value for 'best_of': {self.best_of} candidates for {self.choices()} "
+            "choice(s); this deployment does not rank extra candidates server-side (as vLLM "
+            "no longer does). Ask for 'n' choices with 'logprobs' and rank them yourself.",
+            param="best_of",
+            code="unsupported_value",
+        )
+
+    def choices(self) -> int:
+        """Choices per prompt (OpenAI's ``n``)."""
+        return self.n or 1
 
     @property
     def echo_only(self) -> bool:

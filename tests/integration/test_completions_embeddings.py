@@ -304,12 +304,88 @@ async def test_streamed_choices_of_several_prompts_carry_their_index(stack: Stac
     assert finished == {0, 1}
 
 
+async def test_n_choices_per_prompt_are_indexed_prompt_major_with_usage_per_prompt(
+    stack: Stack,
+) -> None:
+    """``n`` choices of each prompt, choice j of prompt i at index i·n + j (as OpenAI and vLLM
+    number them), each its own sample; a prompt's tokens count once in usage, however many
+    choices it has."""
+    async with client(stack) as c:
+        alone = [
+            await c.completions.create(model=MODEL, prompt=p, max_tokens=6)
+            for p in ("the same prompt", "another one")
+        ]
+        many = await c.completions.create(
+            model=MODEL, prompt=["the same prompt", "another one"], n=3, max_tokens=6
+        )
+    assert [ch.index for ch in many.choices] == list(range(6))
+    assert len({ch.text for ch in many.choices[:3]}) == 3, "each choice is its own sample"
+    assert many.usage is not None
+    assert many.usage.completion_tokens == 6 * 6
+    prompt_tokens = [a.usage.prompt_tokens for a in alone if a.usage is not None]
+    assert many.usage.prompt_tokens == sum(prompt_tokens), "each prompt counted once"
+
+
+async def test_seeded_choices_differ_from_each_other_and_repeat_exactly(stack: Stack) -> None:
+    """With a seed, choice j samples with seed + j (as vLLM seeds its n children): the n
+    choices differ, the same request gives the same n again, and choice 0 is the n=1 answer."""
+    async with client(stack) as c:
+        ask = dict(model=MODEL, prompt="seeded", max_tokens=8, temperature=1.0, seed=41)
+        first = await c.completions.create(**ask, n=3)  # type: ignore[call-overload]
+        again = await c.completions.create(**ask, n=3)  # type: ignore[call-overload]
+        alone = await c.completions.create(**ask)  # type: ignore[call-overload]
+        next_seed = await c.completions.create(**{**ask, "seed": 42})  # type: ignore[call-overload]
+    texts = [ch.text for ch in first.choices]
+    assert texts == [ch.text for ch in again.choices]
+    assert len(set(texts)) == 3
+    assert texts[0] == alone.choices[0].text
+    assert texts[1] == next_seed.choices[0].text
+
+
+async def test_streamed_n_choices_each_finish_with_their_own_text_and_usage(stack: Stack) -> None:
+    async with client(stack) as c:
+        stream = await c.completions.create(
+            model=MODEL,
+            prompt=["a b c", "d e f"],
+            n=2,
+            max_tokens=4,
+            stream=True,
+            stream_options={"include_usage": True},
+            logprobs=1,
+        )
+        chunks = [x async for x in stream]
+    texts: dict[int, str] = {}
+    tokens: dict[int, int] = {}
+    finished: set[int] = set()
+    for x in chunks:
+        for ch in x.choices:
+            texts[ch.index] = texts.get(ch.index, "") + ch.text
+            if ch.logprobs is not None:
+                tokens[ch.index] = tokens.get(ch.index, 0) + len(ch.logprobs.tokens or [])
+            if ch.finish_reason:
+                finished.add(ch.index)
+    assert finished == {0, 1, 2, 3}
+    assert all(texts[i] for i in range(4))
+    usage = chunks[-1].usage
+    assert usage is not None
+    assert usage.completion_tokens == sum(tokens.values()) == 16
+
+
+async def test_best_of_equal_to_n_is_served(stack: Stack) -> None:
+    async with client(stack) as c:
+        answer = await c.completions.create(model=MODEL, prompt="x", n=2, best_of=2, max_tokens=3)
+    assert [ch.index for ch in answer.choices] == [0, 1]
+
+
 @pytest.mark.parametrize(
     ("body", "param"),
     [
         ({"prompt": "x", "suffix": "y"}, "suffix"),
-        ({"prompt": "x", "best_of": 3}, "best_of"),
-        ({"prompt": "x", "n": 2}, "n"),
+        ({"prompt": "x", "best_of": 3}, "best_of"),  # more candidates than n: not ranked here
+        ({"prompt": "x", "n": 3, "best_of": 2}, "best_of"),  # fewer than n
+        ({"prompt": "x", "n": 0}, "n"),
+        ({"prompt": "x", "n": 17}, "n"),  # the stack's --max-choices (16)
+        ({"prompt": ["x"] * 9, "n": 8}, "n"),  # 72 choices: more than MAX_COMPLETION_CHOICES
         ({"prompt": "x", "logprobs": 21}, "logprobs"),
         ({"prompt": ""}, "prompt"),
         ({"prompt": ["ok", ""]}, "prompt[1]"),

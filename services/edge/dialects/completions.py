@@ -40,6 +40,7 @@ class CompletionsDialect:
             body = parse_body(raw, CompletionRequest)
             check_logit_bias(body.logit_bias)
             prompts = body.prompts(self._max_prompts)
+            _check_choices(body, len(prompts), limits)
             if body.stream_options is not None and not body.stream:
                 raise InvalidRequest(
                     "stream_options is only allowed when stream is true", param="stream_options"
@@ -65,8 +66,9 @@ class CompletionsDialect:
         return ctx.completion.worker_max_tokens()
 
     def choices(self, ctx: ChatContext) -> int:
-        """Every prompt is a choice: its max_tokens are reserved once per prompt."""
-        return max(1, len(ctx.prompts))
+        """Every prompt has ``n`` choices: max_tokens are reserved once per choice."""
+        assert ctx.completion is not None
+        return max(1, len(ctx.prompts)) * ctx.completion.choices()
 
     def route_request(
         self, ctx: ChatContext, *, site: str, exclude: tuple[str, ...] = ()
@@ -86,3 +88,21 @@ class CompletionsDialect:
 
 
 COMPLETIONS = CompletionsDialect()
+
+
+def _check_choices(body: CompletionRequest, prompts: int, request_limits: RequestLimits) -> None:
+    """``n`` within the deployment's choices per request (as chat's), and prompts × n within
+    :data:`~services.common.limits.MAX_COMPLETION_CHOICES`: each choice is a worker stream."""
+    n = body.choices()
+    if n > request_limits.max_choices:
+        raise InvalidRequest(
+            f"Invalid value for 'n': {n} is more than this deployment's "
+            f"{request_limits.max_choices} choices per request.",
+            param="n",
+        )
+    if prompts * n > limits.MAX_COMPLETION_CHOICES:
+        raise InvalidRequest(
+            f"Too many choices: {prompts} prompts × n {n} = {prompts * n} (at most "
+            f"{limits.MAX_COMPLETION_CHOICES} in one request); send fewer prompts per request.",
+            param="n",
+        )

@@ -1,13 +1,14 @@
-"""The ``stream`` stage of POST /v1/completions, terminal: one token stream per prompt (each
-prompt is a choice, ``index`` in prompt order), opened with failover like chat's, answered as
-one ``text_completion`` or as SSE chunks interleaved as the choices' tokens arrive, then
-``[DONE]``.
+"""The ``stream`` stage of POST /v1/completions, terminal: one token stream per choice (``n``
+per prompt; choice *j* of prompt *i* has ``index`` i·n + j, as OpenAI and vLLM number them),
+opened with failover like chat's, answered as one ``text_completion`` or as SSE chunks
+interleaved as the choices' tokens arrive, then ``[DONE]``.
 
 It is the chat stream stage (:class:`~services.edge.stages.stream.Stream`) with the
 endpoint's own request and rendering: keep-alives before a slow first token, bounded writes,
 client disconnect cancelling every worker call, errors after the headers as an SSE error
 payload, the drain deadline's cut (an SSE error event, or a 503) — all inherited. Usage is
-summed over the choices, and ``ctx.tokens_used`` follows it, so the admit stage settles the
+summed over the choices (a prompt's tokens once per prompt, however many choices it has, as
+OpenAI counts them), and ``ctx.tokens_used`` follows it, so the admit stage settles the
 reservation with what was really used.
 """
 
@@ -46,9 +47,16 @@ class _Choice:
     """One prompt's stream as it is read: text, logprobs, last chunk."""
 
     def __init__(
-        self, index: int, upstream: UpstreamStream, logprobs: bool, *, echo_only: bool = False
+        self,
+        index: int,
+        upstream: UpstreamStream,
+        logprobs: bool,
+        *,
+        echo_only: bool = False,
+        first_of_prompt: bool = True,
     ) -> None:
         self.index = index
+        self.first_of_prompt = first_of_prompt  # its prompt's tokens count in usage
         self.upstream = upstream
         self.last = upstream.first
         self.text: list[str] = []
@@ -88,10 +96,26 @@ class _Choice:
 def _summed(choices: list[_Choice]) -> worker_pb2.Usage:
     usage = worker_pb2.Usage()
     for c in choices:
-        usage.prompt_tokens += c.last.usage.prompt_tokens
+        if c.first_of_prompt:
+            usage.prompt_tokens += c.last.usage.prompt_tokens
+            usage.cached_prompt_tokens += c.last.usage.cached_prompt_tokens
         usage.completion_tokens += c.last.usage.completion_tokens
-        usage.cached_prompt_tokens += c.last.usage.cached_prompt_tokens
     return usage
+
+
+def _choices(body: CompletionRequest, upstreams: list[UpstreamStream]) -> list[_Choice]:
+    """The choices in index order (``upstreams`` are opened in that order)."""
+    n = body.choices()
+    return [
+        _Choice(
+            i,
+            u,
+            body.logprobs is not None,
+            echo_only=body.echo_only,
+            first_of_prompt=i % n == 0,
+        )
+        for i, u in enumerate(upstreams)
+    ]
 
 
 class CompletionStream(Stream):
@@ -103,10 +127,12 @@ class CompletionStream(Stream):
     async def __call__(self, ctx: ChatContext) -> web.StreamResponse:
         body = ctx.completion
         assert body is not None and ctx.route is not None and ctx.reroute is not None
-        prompts = ctx.prompts
+        n = body.choices()
+        single = len(ctx.prompts) * n == 1
         openings = [
-            asyncio.ensure_future(self._open(ctx, i, p, single=len(prompts) == 1))
-            for i, p in enumerate(prompts)
+            asyncio.ensure_future(self._open(ctx, i * n + j, p, choice=j, single=single))
+            for i, p in enumerate(ctx.prompts)
+            for j in range(n)
         ]
         try:
             if body.stream:
@@ -126,14 +152,14 @@ class CompletionStream(Stream):
                     opening.result().cancel()
 
     def _open(
-        self, ctx: ChatContext, index: int, prompt: str | list[int], *, single: bool
+        self, ctx: ChatContext, index: int, prompt: str | list[int], *, choice: int, single: bool
     ) -> asyncio.Future[UpstreamStream]:
         assert ctx.route is not None and ctx.reroute is not None
         base = ctx.request_id if single else f"{ctx.request_id}-{index}"
 
         def generate(request_id: str, decision_id: str) -> worker_pb2.GenerateRequest:
             return protos.completion_request(
-                ctx, prompt, request_id=request_id, decision_id=decision_id
+                ctx, prompt, request_id=request_id, decision_id=decision_id, choice=choice
             )
 
         return asyncio.ensure_future(
@@ -160,10 +186,7 @@ class CompletionStream(Stream):
         openings: list[asyncio.Future[UpstreamStream]],
     ) -> web.StreamResponse:
         upstreams = await asyncio.gather(*openings)
-        choices = [
-            _Choice(i, u, body.logprobs is not None, echo_only=body.echo_only)
-            for i, u in enumerate(upstreams)
-        ]
+        choices = _choices(body, list(upstreams))
 
         async def read(c: _Choice) -> None:
             async for chunk in c.upstream.chunks():
@@ -222,10 +245,7 @@ class CompletionStream(Stream):
             fingerprint=_fingerprint(upstreams[0]),
             usage=body.include_usage(),
         )
-        choices = [
-            _Choice(i, u, body.logprobs is not None, echo_only=body.echo_only)
-            for i, u in enumerate(upstreams)
-        ]
+        choices = _choices(body, list(upstreams))
         queue: asyncio.Queue[tuple[_Choice, worker_pb2.GenerateChunk | MeridianError]] = (
             asyncio.Queue()
         )

@@ -88,10 +88,17 @@ def _add_payload(body: ChatCompletionRequest, req: worker_pb2.GenerateRequest) -
 
 
 def completion_request(
-    ctx: ChatContext, prompt: str | list[int], *, request_id: str, decision_id: str
+    ctx: ChatContext,
+    prompt: str | list[int],
+    *,
+    request_id: str,
+    decision_id: str,
+    choice: int = 0,
 ) -> worker_pb2.GenerateRequest:
-    """One prompt's Generate request for POST /v1/completions: the raw prompt (no chat
-    template), echo and the sampling options."""
+    """One choice's Generate request for POST /v1/completions: the raw prompt (no chat
+    template), echo and the sampling options. Choice *j* of a prompt (``n`` > 1) is its own
+    request; with a ``seed`` it samples with ``seed + j``, as vLLM seeds its ``n`` children,
+    so the choices differ and each is reproducible."""
     body = ctx.completion
     assert body is not None, "after validate"
     req = _new_request(ctx, body.model, request_id=request_id, decision_id=decision_id)
@@ -102,12 +109,19 @@ def completion_request(
         req.raw_prompt.token_ids.extend(prompt)
     s = req.sampling
     _add_common_sampling(body, s, max_tokens=body.worker_max_tokens() or ctx.completion_cap)
+    if body.seed is not None and choice:
+        s.seed = _wrapped_seed(body.seed + choice)
     s.logprobs = body.logprobs is not None
     s.top_logprobs = body.logprobs or 0
     s.ignore_eos = body.ignore_eos
     for token, bias in logit_bias_pairs(body.logit_bias):
         s.logit_bias[token] = bias
     return req
+
+
+def _wrapped_seed(seed: int) -> int:
+    """A seed past int64's top wraps around (``seed + j`` of a seed near 2**63)."""
+    return (seed + 2**63) % 2**64 - 2**63
 
 
 def _new_request(

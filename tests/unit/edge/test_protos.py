@@ -111,3 +111,34 @@ def test_a_completion_request_carries_its_logit_bias() -> None:
     )
     req = protos.completion_request(ctx, "x", request_id="cmpl-1", decision_id="d1")
     assert dict(req.sampling.logit_bias) == {77: 5.0, 3: -100.0}
+
+
+def test_choice_j_of_a_seeded_completion_samples_with_seed_plus_j_wrapping_at_int64() -> None:
+    from services.edge.dialects.base import parse_body
+    from services.edge.openai_completions import CompletionRequest
+
+    def seeds(seed: int) -> list[int]:
+        ctx = context()
+        ctx.completion = parse_body(
+            json.dumps({"model": "m", "prompt": "x", "n": 3, "seed": seed}).encode(),
+            CompletionRequest,
+        )
+        return [
+            protos.completion_request(
+                ctx, "x", request_id=f"c-{j}", decision_id="d", choice=j
+            ).sampling.seed
+            for j in range(3)
+        ]
+
+    assert seeds(7) == [7, 8, 9]
+    assert seeds(2**63 - 2) == [2**63 - 2, 2**63 - 1, -(2**63)]
+
+
+def test_an_unseeded_choice_stays_unseeded() -> None:
+    from services.edge.dialects.base import parse_body
+    from services.edge.openai_completions import CompletionRequest
+
+    ctx = context()
+    ctx.completion = parse_body(b'{"model": "m", "prompt": "x", "n": 2}', CompletionRequest)
+    req = protos.completion_request(ctx, "x", request_id="c-1", decision_id="d", choice=1)
+    assert not req.sampling.HasField("seed")
