@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from aiohttp import web
 
 from services.common import capabilities
-from services.common.errors import ModelNotFound
+from services.common.errors import ModelNotFound, NotFound
 from services.common.httpapp import hide_version_banner
 from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
@@ -23,6 +23,7 @@ from services.edge.dialects.base import Dialect
 from services.edge.dialects.chat import CHAT as CHAT_DIALECT
 from services.edge.dialects.completions import COMPLETIONS as COMPLETIONS_DIALECT
 from services.edge.dialects.embeddings import EMBEDDINGS as EMBEDDINGS_DIALECT
+from services.edge.dialects.responses import RESPONSES as RESPONSES_DIALECT
 from services.edge.guard import GuardConfig, IpBuckets, Lifecycle, Occupancy
 from services.edge.middleware.error_boundary import RESPONSE_HEADERS, error_boundary, expect_handler
 from services.edge.middleware.ip_guard import ip_guard
@@ -46,6 +47,7 @@ from services.edge.stages.embed import Embed
 from services.edge.stages.route import Route
 from services.edge.stages.stream import Stream
 from services.edge.stages.stream_completion import CompletionStream
+from services.edge.stages.stream_response import ResponsesStream
 from services.edge.stages.validate import RequestLimits, Validate
 from services.edge.tenancy.auth import Authenticator
 from services.edge.tenancy.revocation import InFlightRevocation
@@ -83,6 +85,7 @@ DEPS = web.AppKey("deps", EdgeDeps)
 CHAT: web.AppKey[Next] = web.AppKey("chat_pipeline")
 COMPLETIONS: web.AppKey[Next] = web.AppKey("completions_pipeline")
 EMBEDDINGS: web.AppKey[Next] = web.AppKey("embeddings_pipeline")
+RESPONSES: web.AppKey[Next] = web.AppKey("responses_pipeline")
 
 
 def shared_stages(deps: EdgeDeps, dialect: Dialect) -> list[Stage]:
@@ -137,20 +140,26 @@ def embeddings_stages(deps: EdgeDeps) -> tuple[list[Stage], TerminalStage]:
 
 def chat_stages(deps: EdgeDeps) -> tuple[list[Stage], TerminalStage]:
     """Every stage of the declared order (services.edge.pipeline.CHAT_STAGE_ORDER), built."""
-    return (
-        shared_stages(deps, CHAT_DIALECT),
-        Stream(
-            router=deps.router,
-            workers=deps.workers,
-            policy=deps.policy,
-            migration=deps.migration,
-            fleet=deps.router,
-            counters=deps.counters,
-            telemetry=deps.telemetry,
-            keepalive_after_s=deps.keepalive_after_s,
-            keepalive_every_s=deps.keepalive_every_s,
-            write_timeout_s=deps.guard.write_timeout_s,
-        ),
+    return shared_stages(deps, CHAT_DIALECT), _chat_stream(Stream, deps)
+
+
+def responses_stages(deps: EdgeDeps) -> tuple[list[Stage], TerminalStage]:
+    """POST /v1/responses: chat's stages with the Responses dialect and rendering."""
+    return shared_stages(deps, RESPONSES_DIALECT), _chat_stream(ResponsesStream, deps)
+
+
+def _chat_stream(kind: type[Stream], deps: EdgeDeps) -> Stream:
+    return kind(
+        router=deps.router,
+        workers=deps.workers,
+        policy=deps.policy,
+        migration=deps.migration,
+        fleet=deps.router,
+        counters=deps.counters,
+        telemetry=deps.telemetry,
+        keepalive_after_s=deps.keepalive_after_s,
+        keepalive_every_s=deps.keepalive_every_s,
+        write_timeout_s=deps.guard.write_timeout_s,
     )
 
 
@@ -163,6 +172,13 @@ def build_completions_pipeline(deps: EdgeDeps) -> Next:
     stages, terminal = completions_stages(deps)
     return build_chain(
         stages, terminal, tracer=deps.telemetry.tracer, order=STAGE_ORDERS["completions"]
+    )
+
+
+def build_responses_pipeline(deps: EdgeDeps) -> Next:
+    stages, terminal = responses_stages(deps)
+    return build_chain(
+        stages, terminal, tracer=deps.telemetry.tracer, order=STAGE_ORDERS["responses"]
     )
 
 
@@ -190,6 +206,23 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 async def completions(request: web.Request) -> web.StreamResponse:
     return await request.app[COMPLETIONS](_context(request, COMPLETIONS_DIALECT.id_prefix))
+
+
+async def responses(request: web.Request) -> web.StreamResponse:
+    return await request.app[RESPONSES](_context(request, RESPONSES_DIALECT.id_prefix))
+
+
+async def stored_response(request: web.Request) -> web.Response:
+    """GET / DELETE /v1/responses/{id} (and its input_items, cancel): nothing is stored
+    here (every response says ``store: false``), so each is a 404 that says so — after the
+    caller's key is checked, as for every API route."""
+    await request.app[DEPS].auth.from_request(request)
+    response_id = request.match_info["response_id"][:128]
+    raise NotFound(
+        f"No response found with id '{response_id}': responses are not stored here (each is "
+        "answered with store: false); keep the output you need and send it back as input.",
+        param="response_id",
+    )
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
@@ -293,9 +326,19 @@ def build_app(deps: EdgeDeps, web_state: WebState | None = None) -> web.Applicat
     app[DEPS] = deps
     app[CHAT] = build_chat_pipeline(deps)
     app[COMPLETIONS] = build_completions_pipeline(deps)
+    app[RESPONSES] = build_responses_pipeline(deps)
     app[EMBEDDINGS] = build_embeddings_pipeline(deps)
     app.router.add_post("/v1/chat/completions", chat_completions, expect_handler=expect_handler)
     app.router.add_post("/v1/completions", completions, expect_handler=expect_handler)
+    app.router.add_post("/v1/responses", responses, expect_handler=expect_handler)
+    for path in ("/v1/responses/{response_id}", "/v1/responses/{response_id}/input_items"):
+        app.router.add_get(path, stored_response, expect_handler=expect_handler)
+    app.router.add_delete(
+        "/v1/responses/{response_id}", stored_response, expect_handler=expect_handler
+    )
+    app.router.add_post(
+        "/v1/responses/{response_id}/cancel", stored_response, expect_handler=expect_handler
+    )
     app.router.add_post("/v1/embeddings", embeddings, expect_handler=expect_handler)
     app.router.add_get("/v1/models", list_models, expect_handler=expect_handler)
     app.router.add_get(

@@ -415,7 +415,12 @@ def _param_path(loc: tuple[int | str, ...]) -> str:
 
 def parse_chat_request(body: bytes) -> ChatCompletionRequest:
     """Parse and validate a request body; every failure names the field it is about."""
-    data = load_object(body)
+    return validate_chat_request(load_object(body))
+
+
+def validate_chat_request(data: dict[str, Any]) -> ChatCompletionRequest:
+    """A parsed body → a chat request (or a 400 naming the field it is about); also how the
+    Responses API's translated request is checked (openai_responses.chat_body)."""
     refuse_unsupported(data)
     try:
         req = ChatCompletionRequest.model_validate(data)

@@ -5,6 +5,7 @@ each API endpoint's pipeline of stages.
       → connection_guard → authenticate → validate → admit → route → stream
                                            (POST /v1/chat/completions; CHAT_STAGE_ORDER)
                                            (POST /v1/completions; COMPLETIONS_STAGE_ORDER)
+                                           (POST /v1/responses; RESPONSES_STAGE_ORDER)
       → connection_guard → authenticate → validate → admit → route → embed
                                            (POST /v1/embeddings; EMBEDDINGS_STAGE_ORDER)
 
@@ -56,6 +57,10 @@ CHAT_STAGE_ORDER: tuple[str, ...] = (
 #: Completions pass chat's stages; the dialect and the stream stage's rendering differ.
 COMPLETIONS_STAGE_ORDER: tuple[str, ...] = CHAT_STAGE_ORDER
 
+#: Responses pass chat's stages too: the dialect translates the request into chat's, the
+#: stream stage renders a ``response`` and its typed events.
+RESPONSES_STAGE_ORDER: tuple[str, ...] = CHAT_STAGE_ORDER
+
 #: Embeddings: the same stages up to route; the terminal makes one unary Embed call.
 EMBEDDINGS_STAGE_ORDER: tuple[str, ...] = (*CHAT_STAGE_ORDER[:-1], "embed")
 
@@ -63,6 +68,7 @@ EMBEDDINGS_STAGE_ORDER: tuple[str, ...] = (*CHAT_STAGE_ORDER[:-1], "embed")
 STAGE_ORDERS: dict[str, tuple[str, ...]] = {
     "chat": CHAT_STAGE_ORDER,
     "completions": COMPLETIONS_STAGE_ORDER,
+    "responses": RESPONSES_STAGE_ORDER,
     "embeddings": EMBEDDINGS_STAGE_ORDER,
 }
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
@@ -48,7 +48,11 @@ class Dialect(Protocol):
 
 def parse_body(body: bytes, model: type[M]) -> M:
     """JSON object → ``model``; every failure is a 400 naming the field (as chat's parser)."""
-    data = load_object(body)
+    return validate_object(load_object(body), model)
+
+
+def validate_object(data: dict[str, Any], model: type[M]) -> M:
+    """A parsed JSON object → ``model``, as :func:`parse_body`."""
     try:
         return model.model_validate(data)
     except ValidationError as err:

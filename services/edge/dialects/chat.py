@@ -48,6 +48,19 @@ class ChatDialect:
         except InvalidRequest:
             counters.invalid_requests += 1
             raise
+        return self.accept_body(body, len(raw), ctx, limits, counters)
+
+    def accept_body(
+        self,
+        body: ChatCompletionRequest,
+        raw_bytes: int,
+        ctx: ChatContext,
+        limits: RequestLimits,
+        counters: EdgeCounters,
+    ) -> str:
+        """The deployment's bounds on a validated chat request (messages, choices, prompt
+        size, its encoded size); then it is the context's body. ``raw_bytes``: the size of
+        the body it came from."""
         if len(body.messages) > limits.max_messages:
             counters.too_many_messages += 1
             raise InvalidRequest(
@@ -71,7 +84,7 @@ class ChatDialect:
             )
         ctx.body = body
         ctx.prompt_tokens_estimate = estimate_prompt_tokens(body)
-        if len(raw) > _CHECK_ENCODED_ABOVE_BYTES:
+        if raw_bytes > _CHECK_ENCODED_ABOVE_BYTES:
             _check_encoded_size(ctx, counters)
         return body.model
 

@@ -25,6 +25,7 @@ from services.edge.observability import EdgeTelemetry
 from services.edge.pipeline import (
     CHAT_STAGE_ORDER,
     COMPLETIONS_STAGE_ORDER,
+    RESPONSES_STAGE_ORDER,
     EDGE_ORDER,
     EMBEDDINGS_STAGE_ORDER,
     MIDDLEWARE_ORDER,
@@ -69,8 +70,9 @@ def test_the_chat_stage_order_is_pinned() -> None:
 
 def test_every_endpoint_passes_the_same_stages_up_to_its_terminal() -> None:
     assert COMPLETIONS_STAGE_ORDER == CHAT_STAGE_ORDER
+    assert RESPONSES_STAGE_ORDER == CHAT_STAGE_ORDER
     assert (*CHAT_STAGE_ORDER[:-1], "embed") == EMBEDDINGS_STAGE_ORDER
-    assert set(STAGE_ORDERS) == {"chat", "completions", "embeddings"}
+    assert set(STAGE_ORDERS) == {"chat", "completions", "responses", "embeddings"}
 
 
 @dataclass
@@ -126,7 +128,12 @@ def test_duplicate_stages_are_refused() -> None:
 async def test_the_edge_wires_every_declared_stage_in_order(redis_url: str) -> None:
     import redis.asyncio as aioredis
 
-    from services.edge.app import chat_stages, completions_stages, embeddings_stages
+    from services.edge.app import (
+        chat_stages,
+        completions_stages,
+        embeddings_stages,
+        responses_stages,
+    )
     from services.edge.server import EdgeConfig, EdgeServer
     from services.edge.stages.admit import Admit
     from services.edge.stages.route import Route
@@ -143,6 +150,7 @@ async def test_the_edge_wires_every_declared_stage_in_order(redis_url: str) -> N
     built = {
         "chat": chat_stages(server.deps),
         "completions": completions_stages(server.deps),
+        "responses": responses_stages(server.deps),
         "embeddings": embeddings_stages(server.deps),
     }
     for endpoint, (stages, terminal) in built.items():

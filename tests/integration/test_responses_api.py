@@ -1,0 +1,304 @@
+"""POST /v1/responses (OpenAI's Responses API) on the whole path — edge → router → SimEngine
+workers over real sockets — through the official OpenAI SDK: plain text, the typed event
+stream and the SDK's stream helper, function tools and their outputs, structured outputs
+with ``responses.parse``, logprobs, and every refusal naming its field."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import aiohttp
+import openai
+import pydantic
+import pytest
+
+from tests.integration.conftest import MODEL, Stack
+
+WEATHER: dict[str, Any] = {
+    "type": "function",
+    "name": "get_weather",
+    "description": "The weather in a city.",
+    "parameters": {
+        "type": "object",
+        "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+        "required": ["city", "days"],
+        "additionalProperties": False,
+    },
+    "strict": True,
+}
+
+
+def client(stack: Stack) -> openai.AsyncOpenAI:
+    return openai.AsyncOpenAI(base_url=stack.base_url, api_key=stack.key, max_retries=0)
+
+
+async def create(c: openai.AsyncOpenAI, **request: Any) -> Any:
+    """``responses.create`` untyped: the SDK's unions of every hosted tool's item and event
+    type are not what these tests are about."""
+    return await c.responses.create(**request)
+
+
+async def post(stack: Stack, body: dict[str, Any]) -> tuple[int, Any]:
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{stack.base_url}/responses",
+            headers={"Authorization": f"Bearer {stack.key}"},
+            json=body,
+        ) as resp,
+    ):
+        return resp.status, json.loads(await resp.read())
+
+
+async def test_a_response_has_its_text_usage_and_the_openai_shape(stack: Stack) -> None:
+    async with client(stack) as c:
+        raw = await c.responses.with_raw_response.create(
+            model=MODEL, input="Say something", instructions="Be brief.", max_output_tokens=6
+        )
+    r: Any = raw.parse()
+    assert r.id.startswith("resp_")
+    assert r.object == "response"
+    assert r.model == MODEL
+    assert r.instructions == "Be brief."
+    assert r.to_dict()["store"] is False, "nothing is stored here, and the response says so"
+    [message] = r.output
+    assert message.type == "message"
+    assert message.role == "assistant"
+    assert message.content[0].type == "output_text"
+    assert r.output_text
+    assert r.output_text == message.content[0].text
+    assert r.usage is not None
+    assert r.usage.output_tokens == 6
+    assert r.usage.input_tokens > 0
+    assert r.usage.total_tokens == r.usage.input_tokens + r.usage.output_tokens
+    assert raw.headers["x-request-id"] == r.id
+    assert raw.headers["x-meridian-region"]
+
+
+async def test_running_out_of_max_output_tokens_is_an_incomplete_response(stack: Stack) -> None:
+    async with client(stack) as c:
+        r = await create(c, model=MODEL, input="Go on", max_output_tokens=3)
+    assert r.status == "incomplete"
+    assert r.incomplete_details is not None
+    assert r.incomplete_details.reason == "max_output_tokens"
+    assert r.output[0].status == "incomplete"
+    assert r.usage is not None
+    assert r.usage.output_tokens == 3
+
+
+async def test_instructions_and_input_are_the_chat_requests_system_and_user_messages(
+    stack: Stack,
+) -> None:
+    """The same seed gives the same text on both APIs: the translation is the chat request
+    a client would have sent (routing, admission and the engine see no difference)."""
+    async with client(stack) as c:
+        r = await create(
+            c,
+            model=MODEL,
+            instructions="You are terse.",
+            input=[{"role": "user", "content": [{"type": "input_text", "text": "Hello"}]}],
+            max_output_tokens=8,
+            temperature=1.0,
+            extra_body={"seed": 5},
+        )
+        chat = await c.chat.completions.create(
+            model=MODEL,
+            messages=[
+                {"role": "system", "content": "You are terse."},
+                {"role": "user", "content": "Hello"},
+            ],
+            max_completion_tokens=8,
+            temperature=1.0,
+            seed=5,
+        )
+    assert r.output_text == chat.choices[0].message.content
+    assert r.usage is not None
+    assert chat.usage is not None
+    assert r.usage.input_tokens == chat.usage.prompt_tokens
+
+
+async def test_a_streamed_response_is_openais_event_sequence(stack: Stack) -> None:
+    async with client(stack) as c:
+        stream = await create(c, model=MODEL, input="Stream this", max_output_tokens=5, stream=True)
+        events = [e async for e in stream]
+    types = [e.type for e in events]
+    assert types[:4] == [
+        "response.created",
+        "response.in_progress",
+        "response.output_item.added",
+        "response.content_part.added",
+    ]
+    deltas = [e for e in events if e.type == "response.output_text.delta"]
+    assert len(deltas) >= 1
+    assert types[4 : 4 + len(deltas)] == ["response.output_text.delta"] * len(deltas)
+    assert types[4 + len(deltas) :] == [
+        "response.output_text.done",
+        "response.content_part.done",
+        "response.output_item.done",
+        "response.incomplete",  # max_output_tokens ran out
+    ]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    text = "".join(d.delta for d in deltas)
+    done = next(e for e in events if e.type == "response.output_text.done")
+    final = events[-1].response
+    assert text
+    assert done.text == text == final.output_text
+    assert final.usage is not None
+    assert final.usage.output_tokens == 5
+    assert {e.response.id for e in events if hasattr(e, "response")} == {final.id}
+
+
+async def test_the_sdks_stream_helper_assembles_the_final_response(stack: Stack) -> None:
+    async with (
+        client(stack) as c,
+        c.responses.stream(model=MODEL, input="Tell me", max_output_tokens=2000) as stream,
+    ):
+        deltas = [e.delta async for e in stream if e.type == "response.output_text.delta"]
+        final = await stream.get_final_response()
+    assert final.status == "completed"
+    assert final.output_text == "".join(deltas)
+
+
+async def test_a_function_call_and_its_output_continue_the_conversation(stack: Stack) -> None:
+    async with client(stack) as c:
+        first = await create(
+            c,
+            model=MODEL,
+            input="What is the weather in Paris?",
+            tools=[WEATHER],
+            tool_choice="required",
+        )
+        calls = [o for o in first.output if o.type == "function_call"]
+        assert calls, first.output
+        call = calls[0]
+        assert call.name == "get_weather"
+        assert call.call_id
+        args = json.loads(call.arguments)
+        assert isinstance(args["city"], str)
+        assert isinstance(args["days"], int)
+        second = await create(
+            c,
+            model=MODEL,
+            input=[
+                {"role": "user", "content": "What is the weather in Paris?"},
+                *[o.model_dump(exclude_none=True) for o in first.output],
+                {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"},
+            ],
+            tools=[WEATHER],
+            tool_choice="none",
+            max_output_tokens=6,
+        )
+    assert second.output_text
+    assert [o.type for o in second.output] == ["message"]
+
+
+async def test_streamed_function_calls_assemble_in_the_stream_helper(stack: Stack) -> None:
+    async with (
+        client(stack) as c,
+        c.responses.stream(  # type: ignore[call-overload]
+            model=MODEL,
+            input="Weather?",
+            tools=[WEATHER],
+            tool_choice={"type": "function", "name": "get_weather"},
+        ) as stream,
+    ):
+        arg_deltas = [
+            e.delta async for e in stream if e.type == "response.function_call_arguments.delta"
+        ]
+        final = await stream.get_final_response()
+    [call] = [o for o in final.output if o.type == "function_call"]
+    assert call.arguments == "".join(arg_deltas)
+    assert set(json.loads(call.arguments)) == {"city", "days"}
+
+
+class Forecast(pydantic.BaseModel):
+    city: str
+    days: int
+    sunny: bool
+
+
+async def test_responses_parse_returns_a_validated_object(stack: Stack) -> None:
+    async with client(stack) as c:
+        parsed = await c.responses.parse(
+            model=MODEL, input="A forecast as JSON", text_format=Forecast
+        )
+    assert isinstance(parsed.output_parsed, Forecast)
+
+
+async def test_logprobs_are_included_when_asked_for(stack: Stack) -> None:
+    async with client(stack) as c:
+        r = await create(
+            c,
+            model=MODEL,
+            input="x",
+            include=["message.output_text.logprobs"],
+            top_logprobs=2,
+            max_output_tokens=4,
+        )
+        plain = await create(c, model=MODEL, input="x", max_output_tokens=4)
+    part = r.output[0].content[0]
+    assert part.logprobs is not None
+    assert len(part.logprobs) == 4
+    assert "".join(lp.token for lp in part.logprobs) == part.text
+    assert all(len(lp.top_logprobs) == 2 for lp in part.logprobs)
+    assert plain.output[0].content[0].logprobs == []
+
+
+@pytest.mark.parametrize(
+    ("body", "param"),
+    [
+        ({}, "input"),
+        ({"input": ""}, "input"),
+        ({"input": 7}, "input"),
+        ({"input": [{"type": "message", "role": "robot", "content": "x"}]}, "input[0].role"),
+        (
+            {"input": [{"role": "user", "content": [{"type": "input_image"}]}]},
+            "input[0].content[0].type",
+        ),
+        ({"input": [{"type": "function_call_output", "output": "x"}]}, "input[0].call_id"),
+        ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
+        ({"input": [{"type": "web_search_call"}]}, "input[0].type"),
+        ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": "x", "background": True}, "background"),
+        ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
+        ({"input": "x", "temperature": 3}, "temperature"),
+        ({"input": "x", "tools": [{"type": "web_search"}]}, "tools[0].type"),
+        ({"input": "x", "tools": [{"type": "function", "name": "bad name"}]}, "tools[0].name"),
+        (
+            {"input": "x", "tools": [{"type": "function", "name": "f", "parameters": {"type": 1}}]},
+            "tools[0].parameters",
+        ),
+        ({"input": "x", "tool_choice": "sometimes"}, "tool_choice"),
+        (
+            {
+                "input": "x",
+                "text": {
+                    "format": {"type": "json_schema", "name": "x", "schema": {"type": "nope"}}
+                },
+            },
+            "text.format.schema",
+        ),
+        ({"input": "x", "include": ["everything"]}, "include"),
+    ],
+)
+async def test_bad_responses_requests_are_400s_naming_the_responses_field(
+    stack: Stack, body: dict[str, Any], param: str
+) -> None:
+    status, answer = await post(stack, {"model": MODEL, **body})
+    assert status == 400, answer
+    assert answer["error"]["param"] == param, answer
+
+
+async def test_stored_response_routes_say_nothing_is_stored_here(stack: Stack) -> None:
+    async with client(stack) as c:
+        with pytest.raises(openai.NotFoundError) as found:
+            await c.responses.retrieve("resp_123")
+        with pytest.raises(openai.NotFoundError):
+            await c.responses.delete("resp_123")
+    assert "not stored" in found.value.message
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{stack.base_url}/responses/resp_123") as resp,
+    ):
+        assert resp.status == 401, "the key is checked first, as on every API route"
