@@ -11,11 +11,12 @@ from __future__ import annotations
 import asyncio
 import uuid
 from dataclasses import dataclass
+from typing import Any
 
 from aiohttp import web
 
 from services.common import capabilities
-from services.common.errors import ModelNotFound, NotFound
+from services.common.errors import InvalidRequest, ModelNotFound, NotFound
 from services.common.httpapp import hide_version_banner
 from services.edge.context import ChatContext
 from services.edge.counters import EdgeCounters
@@ -24,12 +25,14 @@ from services.edge.dialects.chat import CHAT as CHAT_DIALECT
 from services.edge.dialects.completions import COMPLETIONS as COMPLETIONS_DIALECT
 from services.edge.dialects.embeddings import EMBEDDINGS as EMBEDDINGS_DIALECT
 from services.edge.dialects.responses import RESPONSES as RESPONSES_DIALECT
+from services.edge.dialects.responses import ResponsesDialect
 from services.edge.guard import GuardConfig, IpBuckets, Lifecycle, Occupancy
 from services.edge.middleware.error_boundary import RESPONSE_HEADERS, error_boundary, expect_handler
 from services.edge.middleware.ip_guard import ip_guard
 from services.edge.middleware.telemetry import TRACE_ID, telemetry_middleware
 from services.edge.migration.policy import MigrationPolicy
 from services.edge.observability import EdgeTelemetry
+from services.edge.openai_responses import RESPONSE_ID
 from services.edge.pipeline import (
     STAGE_ORDERS,
     Next,
@@ -40,6 +43,7 @@ from services.edge.pipeline import (
 )
 from services.edge.ratelimit.limiter import FailureMode, RateLimiter
 from services.edge.redisconn import REDIS_FAILURES, RedisClient
+from services.edge.responses_store import ResponseStore
 from services.edge.stages.admit import Admit
 from services.edge.stages.authenticate import Authenticate
 from services.edge.stages.connection_guard import ConnectionGuard
@@ -79,6 +83,8 @@ class EdgeDeps:
     keepalive_every_s: float = 10.0
     #: Ends requests whose key is revoked (or runs out) while they run.
     revocation: InFlightRevocation | None = None
+    #: The Responses API's stored responses; None: nothing is stored (``store: false``).
+    responses: ResponseStore | None = None
 
 
 DEPS = web.AppKey("deps", EdgeDeps)
@@ -144,12 +150,16 @@ def chat_stages(deps: EdgeDeps) -> tuple[list[Stage], TerminalStage]:
 
 
 def responses_stages(deps: EdgeDeps) -> tuple[list[Stage], TerminalStage]:
-    """POST /v1/responses: chat's stages with the Responses dialect and rendering."""
-    return shared_stages(deps, RESPONSES_DIALECT), _chat_stream(ResponsesStream, deps)
+    """POST /v1/responses: chat's stages with the Responses dialect and rendering, both
+    with the store of responses (``previous_response_id`` reads it, a finished one is kept)."""
+    dialect = ResponsesDialect(deps.responses)
+    terminal = _chat_stream(ResponsesStream, deps, store=deps.responses)
+    return shared_stages(deps, dialect), terminal
 
 
-def _chat_stream(kind: type[Stream], deps: EdgeDeps) -> Stream:
+def _chat_stream(kind: type[Stream], deps: EdgeDeps, **extra: Any) -> Stream:
     return kind(
+        **extra,
         router=deps.router,
         workers=deps.workers,
         policy=deps.policy,
@@ -213,16 +223,68 @@ async def responses(request: web.Request) -> web.StreamResponse:
 
 
 async def stored_response(request: web.Request) -> web.Response:
-    """GET / DELETE /v1/responses/{id} (and its input_items, cancel): nothing is stored
-    here (every response says ``store: false``), so each is a 404 that says so — after the
-    caller's key is checked, as for every API route."""
-    await request.app[DEPS].auth.from_request(request)
-    response_id = request.match_info["response_id"][:128]
-    raise NotFound(
-        f"No response found with id '{response_id}': responses are not stored here (each is "
-        "answered with store: false); keep the output you need and send it back as input.",
+    """GET /v1/responses/{id}: a stored response, as the caller's tenant stored it (another
+    tenant's, an expired or an unknown one: 404)."""
+    store, tenant_id, response_id = await _stored(request)
+    stored = await store.get(tenant_id, response_id)
+    if stored is None:
+        raise _no_response(response_id)
+    return web.json_response(stored.response)
+
+
+async def stored_input_items(request: web.Request) -> web.Response:
+    """GET /v1/responses/{id}/input_items: the input items of that turn, in order."""
+    store, tenant_id, response_id = await _stored(request)
+    stored = await store.get(tenant_id, response_id)
+    if stored is None:
+        raise _no_response(response_id)
+    items = stored.input_items
+    if request.query.get("order", "desc") != "asc":
+        items = items[::-1]  # newest first, as OpenAI lists them by default
+    return web.json_response(
+        {
+            "object": "list",
+            "data": items,
+            "first_id": items[0]["id"] if items else None,
+            "last_id": items[-1]["id"] if items else None,
+            "has_more": False,
+        }
+    )
+
+
+async def delete_stored_response(request: web.Request) -> web.Response:
+    store, tenant_id, response_id = await _stored(request)
+    if not await store.delete(tenant_id, response_id):
+        raise _no_response(response_id)
+    return web.json_response({"id": response_id, "object": "response", "deleted": True})
+
+
+async def cancel_response(request: web.Request) -> web.Response:
+    """POST /v1/responses/{id}/cancel: only background responses can be cancelled, and none
+    run in the background here."""
+    store, tenant_id, response_id = await _stored(request)
+    if await store.get(tenant_id, response_id) is None:
+        raise _no_response(response_id)
+    raise InvalidRequest(
+        "Only background responses can be cancelled, and this one was not run in the "
+        "background (none are here).",
         param="response_id",
     )
+
+
+async def _stored(request: web.Request) -> tuple[ResponseStore, str, str]:
+    """The store, the caller's tenant (its key checked first, as on every API route) and the
+    id asked for; an id this edge cannot have given, or no store, is a 404 at once."""
+    deps = request.app[DEPS]
+    principal = await deps.auth.from_request(request)
+    response_id = request.match_info["response_id"][:128]
+    if deps.responses is None or not RESPONSE_ID.fullmatch(response_id):
+        raise _no_response(response_id)
+    return deps.responses, principal.tenant.tenant_id, response_id
+
+
+def _no_response(response_id: str) -> NotFound:
+    return NotFound(f"No response found with id '{response_id}'.", param="response_id")
 
 
 async def embeddings(request: web.Request) -> web.StreamResponse:
@@ -331,14 +393,11 @@ def build_app(deps: EdgeDeps, web_state: WebState | None = None) -> web.Applicat
     app.router.add_post("/v1/chat/completions", chat_completions, expect_handler=expect_handler)
     app.router.add_post("/v1/completions", completions, expect_handler=expect_handler)
     app.router.add_post("/v1/responses", responses, expect_handler=expect_handler)
-    for path in ("/v1/responses/{response_id}", "/v1/responses/{response_id}/input_items"):
-        app.router.add_get(path, stored_response, expect_handler=expect_handler)
-    app.router.add_delete(
-        "/v1/responses/{response_id}", stored_response, expect_handler=expect_handler
-    )
-    app.router.add_post(
-        "/v1/responses/{response_id}/cancel", stored_response, expect_handler=expect_handler
-    )
+    one = "/v1/responses/{response_id}"
+    app.router.add_get(one, stored_response, expect_handler=expect_handler)
+    app.router.add_get(f"{one}/input_items", stored_input_items, expect_handler=expect_handler)
+    app.router.add_delete(one, delete_stored_response, expect_handler=expect_handler)
+    app.router.add_post(f"{one}/cancel", cancel_response, expect_handler=expect_handler)
     app.router.add_post("/v1/embeddings", embeddings, expect_handler=expect_handler)
     app.router.add_get("/v1/models", list_models, expect_handler=expect_handler)
     app.router.add_get(

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from aiohttp import web
 
 from services.edge.openai_completions import CompletionRequest, EmbeddingRequest
-from services.edge.openai_responses import ResponsesRequest
+from services.edge.openai_responses import ResponsesTurn
 from services.edge.openai_types import ChatCompletionRequest
 from services.edge.upstream.router_client import RouteResult
 
@@ -38,9 +38,9 @@ class ChatContext:
     body: ChatCompletionRequest | None = None  # set by validate (chat)
     completion: CompletionRequest | None = None  # set by validate (completions)
     embedding: EmbeddingRequest | None = None  # set by validate (embeddings)
-    # set by validate (responses): the request as the client sent it; ``body`` is the chat
-    # request it was translated into
-    responses: ResponsesRequest | None = None
+    # set by validate (responses): the request as the client sent it and the conversation it
+    # goes on from; ``body`` is the chat request it was translated into
+    responses: ResponsesTurn | None = None
     # Completions' prompts / embeddings' inputs, checked (text or token ids), set by validate.
     prompts: list[str | list[int]] = field(default_factory=list)
     prompt_tokens_estimate: int = 0  # set by validate

@@ -108,6 +108,10 @@ class EdgeCounters:
     structured_output_requests: int = 0
     multi_choice_requests: int = 0
     tool_calls_returned: int = 0
+    # The Responses API's stored responses (services/edge/responses_store.py): kept, and
+    # asked to be kept but not (too large, Redis unreachable: answered with store false).
+    responses_stored: int = 0
+    responses_not_stored: int = 0
     # Mid-stream migration (services/edge/migration/): streams moved to another worker, and
     # breaks that could not be moved (refused, a bound reached, no worker left).
     migrations: int = 0

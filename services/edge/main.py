@@ -29,6 +29,8 @@ from services.edge.guard import GuardConfig
 from services.edge.migration.policy import MigrationPolicy
 from services.edge.ratelimit.limiter import FailureMode, RateLimitConfig
 from services.edge.redisconn import REDIS_FAILURES, RedisClient, parse_redis_url, shown_url
+from services.edge.responses_store import DEFAULT_TTL_S as DEFAULT_RESPONSES_TTL_S
+from services.edge.responses_store import MAX_TTL_S as MAX_RESPONSES_TTL_S
 from services.edge.server import EdgeConfig, EdgeServer, connect_redis
 from services.edge.stages.validate import RequestLimits
 from services.edge.supervisor import SupervisorConfig, parse_workers, strip_workers, supervise
@@ -160,6 +162,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=10.0,
         help="then an SSE comment this often until the first token, so proxies with an idle "
         "timeout do not close it (seconds; below their idle timeout)",
+    )
+    u.add_argument(
+        "--responses-ttl-s",
+        type=cli.integer(0, MAX_RESPONSES_TTL_S),
+        default=DEFAULT_RESPONSES_TTL_S,
+        help="how long the Responses API keeps a stored response, so that a later request can "
+        "go on from it (previous_response_id) or GET it (seconds, in Redis; 0: store none, "
+        "every response says store: false)",
     )
     u.add_argument(
         "--worker-transport",
@@ -301,6 +311,7 @@ def config_from_args(args: argparse.Namespace) -> EdgeConfig:
         grpc_tls=grpc_tls.from_arguments(args),
         drain_grace_s=args.drain_grace_s,
         keepalive_after_s=args.sse_keepalive_after_s,
+        responses_ttl_s=args.responses_ttl_s,
         keepalive_every_s=args.sse_keepalive_every_s,
         web=_web_config(args),
         reuse_port=args.process_count > 1,

@@ -9,16 +9,19 @@ exactly as chat is; only the answer is rendered in the Responses shape
 (services/edge/render_response.py). A 400 names the Responses field, not the chat one it
 became (:func:`responses_param`).
 
-Stateless: nothing is stored, so ``store`` is answered ``false``, and what needs a stored
-response (``previous_response_id``, ``item_reference`` items, ``background``,
-``conversation``) is a 400 that says to send the conversation as ``input`` instead. Built-in
-tools (web search, file search, code interpreter, ...) are OpenAI's hosted services and are
-refused by name; function tools are served.
+Stored responses (``store``, on by default as on OpenAI's) live in the edge's Redis
+(services/edge/responses_store.py): ``previous_response_id`` goes on from one — its
+conversation, then this input; its ``instructions`` are not carried over, as on OpenAI's.
+What needs more than that (``conversation`` objects, stored ``prompt`` templates,
+``background``, ``item_reference`` items) is a 400 that says to send the conversation as
+``input`` instead. Built-in tools (web search, file search, code interpreter, ...) are
+OpenAI's hosted services and are refused by name; function tools are served.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -42,10 +45,8 @@ from services.edge.openai_types import (
     a_number,
 )
 
-#: Fields that need a response stored by this service, which it does not keep.
+#: Fields that need state this service does not keep.
 _NEEDS_STORAGE = {
-    "previous_response_id": "responses are not stored here; send the whole conversation as "
-    "'input' items (the earlier output items included)",
     "conversation": "conversations are not stored here; send the whole conversation as 'input'",
     "prompt": "stored prompt templates are not offered here; send the text as 'instructions'",
 }
@@ -131,6 +132,7 @@ class ResponsesRequest(BaseModel):
     truncation: Literal["auto", "disabled"] | None = None
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     reasoning: dict[str, Any] | None = None
+    previous_response_id: Annotated[StrictStr, Field(max_length=128)] | None = None
     # Meridian extension, as chat's: reproducible sampling.
     seed: Annotated[StrictInt, Field(ge=-(2**63), le=2**63 - 1)] | None = None
 
@@ -162,8 +164,54 @@ def check_unsupported(data: dict[str, Any]) -> None:
         )
 
 
-def chat_body(req: ResponsesRequest) -> dict[str, Any]:
-    """The chat request ``req`` means, as a JSON object for chat's own validation."""
+#: The ids this edge gives responses (``resp_`` and 32 hex digits); any other id cannot have
+#: been stored here, and is not looked up.
+RESPONSE_ID = re.compile(r"^resp_[0-9a-f]{32}$")
+
+
+@dataclass(slots=True)
+class ResponsesTurn:
+    """One Responses request as the pipeline carries it (``ChatContext.responses``): the
+    request, the conversation it goes on from and this turn's input, as chat messages (what
+    is stored for the next turn) and as the client's items (``/input_items``)."""
+
+    req: ResponsesRequest
+    previous: list[dict[str, Any]] = field(default_factory=list)
+    input_messages: list[dict[str, Any]] = field(default_factory=list)
+    #: Whether the chat request still waits for the previous response (read from Redis).
+    pending: bool = False
+    raw_bytes: int = 0  # the request body's size
+
+    def input_items(self, response_id: str) -> list[dict[str, Any]]:
+        """This turn's input as Responses items, each with an id (as OpenAI lists them)."""
+        value = self.req.input
+        items: list[Any] = (
+            [
+                {
+                    "type": "message",
+                    "role": "user",
+                    "content": [{"type": "input_text", "text": value}],
+                }
+            ]
+            if isinstance(value, str)
+            else list(value or [])
+        )
+        suffix = response_id.removeprefix("resp_")
+        out = []
+        for i, item in enumerate(items):
+            item = dict(item)
+            item.setdefault("type", "message")
+            item.setdefault("id", f"item_{suffix}_{i}")
+            if item["type"] == "message" and isinstance(item.get("content"), str):
+                kind = "output_text" if item.get("role") == "assistant" else "input_text"
+                item["content"] = [{"type": kind, "text": item["content"]}]
+            out.append(item)
+        return out
+
+
+def chat_body(req: ResponsesRequest, turn: ResponsesTurn | None = None) -> dict[str, Any]:
+    """The chat request ``req`` means, as a JSON object for chat's own validation; ``turn``
+    (when given) gets this turn's input messages and supplies the earlier conversation."""
     for name in req.include or ():
         if name not in _KNOWN_INCLUDE:
             raise InvalidRequest(
@@ -173,9 +221,14 @@ def chat_body(req: ResponsesRequest) -> dict[str, Any]:
     messages: list[dict[str, Any]] = []
     if req.instructions:
         messages.append({"role": "system", "content": req.instructions})
-    messages.extend(_input_messages(req.input))
-    if not messages:
+    current = _input_messages(req.input)
+    previous = turn.previous if turn is not None else []
+    if not current and not previous:
         raise InvalidRequest("Missing required parameter: 'input'.", param="input")
+    if turn is not None:
+        turn.input_messages = current
+    messages.extend(previous)
+    messages.extend(current)
     body: dict[str, Any] = {"model": req.model, "messages": messages, "stream": req.stream}
     if req.max_output_tokens is not None:
         body["max_completion_tokens"] = req.max_output_tokens

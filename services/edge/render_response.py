@@ -92,9 +92,10 @@ def response_object(
     usage: worker_pb2.Usage | None,
     error: MeridianError | None = None,
     extension: dict[str, Any] | None = None,
+    store: bool = False,
 ) -> dict[str, Any]:
-    """One ``response``; the request's own settings are echoed as OpenAI echoes them (and
-    ``store`` is false: nothing is kept here)."""
+    """One ``response``; the request's own settings are echoed as OpenAI echoes them, and
+    ``store`` says whether it is kept (and can be gone on from)."""
     body: dict[str, Any] = {
         "id": response_id,
         "object": "response",
@@ -111,10 +112,10 @@ def response_object(
         "model": req.model,
         "output": output,
         "parallel_tool_calls": req.parallel_tool_calls is not False,
-        "previous_response_id": None,
+        "previous_response_id": req.previous_response_id,
         "reasoning": {"effort": None, "summary": None},
         "service_tier": "default",
-        "store": False,
+        "store": store,
         "temperature": req.temperature if req.temperature is not None else 1.0,
         "text": _text_param(req),
         "tool_choice": req.tool_choice if req.tool_choice is not None else "auto",
@@ -189,6 +190,29 @@ def output_items(
     return items
 
 
+def assistant_message(output: list[dict[str, Any]]) -> dict[str, Any]:
+    """A response's output items → the chat message the next turn's context holds."""
+    text = "".join(
+        part.get("text", "")
+        for item in output
+        if item["type"] == "message"
+        for part in item["content"]
+    )
+    calls = [
+        {
+            "id": item["call_id"],
+            "type": "function",
+            "function": {"name": item["name"], "arguments": item["arguments"]},
+        }
+        for item in output
+        if item["type"] == "function_call"
+    ]
+    message: dict[str, Any] = {"role": "assistant", "content": text or (None if calls else "")}
+    if calls:
+        message["tool_calls"] = calls
+    return message
+
+
 def sse_event(payload: dict[str, Any]) -> bytes:
     """One typed event: ``event: <type>`` and its JSON, as OpenAI sends them."""
     data = json.dumps(payload, separators=(",", ":"))
@@ -210,9 +234,16 @@ class ResponseEvents:
     """The events of one streamed response, rendered as the chunks arrive."""
 
     def __init__(
-        self, *, response_id: str, req: ResponsesRequest, created: int, logprobs: bool
+        self,
+        *,
+        response_id: str,
+        req: ResponsesRequest,
+        created: int,
+        logprobs: bool,
+        store: bool = False,
     ) -> None:
         self._id = response_id
+        self.store = store  # what the events say; the final one says what happened
         self._suffix = response_id.removeprefix("resp_")
         self._req = req
         self._created = created
@@ -221,6 +252,7 @@ class ResponseEvents:
         self._message: _Item | None = None
         self._calls: dict[int, _Item] = {}  # by the worker's tool-call index
         self._items: list[_Item] = []
+        self._opening = b""  # an empty answer's message, opened by final()
 
     def _event(self, payload: dict[str, Any]) -> bytes:
         payload["sequence_number"] = self._seq
@@ -248,6 +280,7 @@ class ResponseEvents:
             usage=usage,
             error=error,
             extension=extension,
+            store=self.store,
         )
 
     def _rendered(self, item: _Item, status: str) -> dict[str, Any]:
@@ -344,14 +377,19 @@ class ResponseEvents:
             )
         return out
 
-    def finish(
+    def final(
         self, finish: str, usage: worker_pb2.Usage, extension: dict[str, Any] | None = None
-    ) -> bytes:
-        """Every item's closing events, then ``response.completed`` / ``response.incomplete``."""
-        status = status_of(finish)
+    ) -> dict[str, Any]:
+        """The finished ``response`` (what is stored, and what the last event carries)."""
         if not self._items:  # nothing generated: still one (empty) message, as OpenAI's
-            self._text(worker_pb2.GenerateChunk())
-        out = b""
+            self._opening = self._text(worker_pb2.GenerateChunk())
+        return self._response(status_of(finish), usage, extension=extension)
+
+    def finish(self, response: dict[str, Any]) -> bytes:
+        """Every item's closing events, then ``response.completed`` / ``response.incomplete``
+        carrying ``response`` (from :meth:`final`)."""
+        status = response["status"]
+        out, self._opening = self._opening, b""
         for item in self._items:
             rendered = self._rendered(item, status)
             if item.kind == "message":
@@ -393,7 +431,6 @@ class ResponseEvents:
                 }
             )
         kind = "response.completed" if status == "completed" else "response.incomplete"
-        response = self._response(status, usage, extension=extension)
         return out + self._event({"type": kind, "response": response})
 
     def failed(self, err: MeridianError, usage: worker_pb2.Usage | None) -> bytes:

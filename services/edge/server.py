@@ -52,6 +52,9 @@ from services.edge.redisconn import (
     follow_failovers,
     parse_redis_url,
 )
+from services.edge.responses_store import DEFAULT_TTL_S as DEFAULT_RESPONSES_TTL_S
+from services.edge.responses_store import MAX_TTL_S as MAX_RESPONSES_TTL_S
+from services.edge.responses_store import ResponseStore
 from services.edge.stages.validate import RequestLimits
 from services.edge.tenancy.apikeys import KeyHasher
 from services.edge.tenancy.auth import AuthConfig, Authenticator
@@ -106,6 +109,8 @@ class EdgeConfig:
     #: a comment every ``keepalive_every_s`` (services/edge/stages/stream.py).
     keepalive_after_s: float = 3.0
     keepalive_every_s: float = 10.0
+    #: The Responses API's stored responses, kept this long in Redis; 0: none are stored.
+    responses_ttl_s: int = DEFAULT_RESPONSES_TTL_S
     drain_grace_s: float = 10.0
     #: Listen with SO_REUSEPORT: one of several edge processes on one port
     #: (``--workers``, services/edge/supervisor.py).
@@ -133,6 +138,8 @@ class EdgeConfig:
             raise ValueError("drain_grace_s and keepalive_after_s must be > 0")
         if not self.keepalive_every_s > 0:
             raise ValueError("keepalive_every_s must be > 0")
+        if not 0 <= self.responses_ttl_s <= MAX_RESPONSES_TTL_S:
+            raise ValueError(f"responses_ttl_s must be 0..{MAX_RESPONSES_TTL_S}")
 
 
 def connect_redis(url: str, *, timeout_s: float = 1.0, max_connections: int = 256) -> RedisClient:
@@ -227,6 +234,9 @@ class EdgeServer:
             keepalive_every_s=config.keepalive_every_s,
             telemetry=self.telemetry,
             revocation=self.revocation,
+            responses=ResponseStore(redis, ttl_s=config.responses_ttl_s, breaker=breaker)
+            if config.responses_ttl_s
+            else None,
         )
         self.web = self._web_state(config, redis, router, telemetry)
         self.app = build_app(self.deps, self.web)

@@ -1,7 +1,8 @@
 """POST /v1/responses (OpenAI's Responses API) on the whole path — edge → router → SimEngine
 workers over real sockets — through the official OpenAI SDK: plain text, the typed event
 stream and the SDK's stream helper, function tools and their outputs, structured outputs
-with ``responses.parse``, logprobs, and every refusal naming its field."""
+with ``responses.parse``, logprobs, stored responses (``previous_response_id``, retrieve,
+input items, delete, tenants kept apart) and every refusal naming its field."""
 
 from __future__ import annotations
 
@@ -61,7 +62,7 @@ async def test_a_response_has_its_text_usage_and_the_openai_shape(stack: Stack) 
     assert r.object == "response"
     assert r.model == MODEL
     assert r.instructions == "Be brief."
-    assert r.to_dict()["store"] is False, "nothing is stored here, and the response says so"
+    assert r.to_dict()["store"] is True
     [message] = r.output
     assert message.type == "message"
     assert message.role == "assistant"
@@ -260,6 +261,8 @@ async def test_logprobs_are_included_when_asked_for(stack: Stack) -> None:
         ({"input": [{"type": "item_reference", "id": "msg_1"}]}, "input[0].type"),
         ({"input": [{"type": "web_search_call"}]}, "input[0].type"),
         ({"input": "x", "previous_response_id": "resp_1"}, "previous_response_id"),
+        ({"input": "x", "previous_response_id": "resp_" + "0" * 32}, "previous_response_id"),
+        ({"input": "x", "conversation": "conv_1"}, "conversation"),
         ({"input": "x", "background": True}, "background"),
         ({"input": "x", "max_output_tokens": 0}, "max_output_tokens"),
         ({"input": "x", "temperature": 3}, "temperature"),
@@ -290,13 +293,99 @@ async def test_bad_responses_requests_are_400s_naming_the_responses_field(
     assert answer["error"]["param"] == param, answer
 
 
-async def test_stored_response_routes_say_nothing_is_stored_here(stack: Stack) -> None:
+async def test_previous_response_id_goes_on_from_the_stored_conversation(stack: Stack) -> None:
+    """The stored turn (its input and its answer, not its instructions, as on OpenAI's) comes
+    before the new input: the same seed gives the same text as sending the whole
+    conversation again."""
     async with client(stack) as c:
-        with pytest.raises(openai.NotFoundError) as found:
+        first = await create(c, model=MODEL, input="Hello", instructions="Be terse.")
+        assert first.to_dict()["store"] is True
+        ask = {"model": MODEL, "max_output_tokens": 8, "extra_body": {"seed": 9}}
+        chained = await create(c, previous_response_id=first.id, input="And then?", **ask)
+        whole = await create(
+            c,
+            input=[
+                {"role": "user", "content": "Hello"},
+                {"role": "assistant", "content": first.output_text},
+                {"role": "user", "content": "And then?"},
+            ],
+            **ask,
+        )
+    assert chained.previous_response_id == first.id
+    assert chained.output_text == whole.output_text
+    assert chained.usage.input_tokens == whole.usage.input_tokens
+
+
+async def test_a_function_call_is_answered_by_its_output_after_previous_response_id(
+    stack: Stack,
+) -> None:
+    async with client(stack) as c:
+        first = await create(
+            c, model=MODEL, input="Weather?", tools=[WEATHER], tool_choice="required"
+        )
+        [call] = [o for o in first.output if o.type == "function_call"][:1]
+        second = await create(
+            c,
+            model=MODEL,
+            previous_response_id=first.id,
+            input=[{"type": "function_call_output", "call_id": call.call_id, "output": "rain"}],
+            tools=[WEATHER],
+            tool_choice="none",
+            max_output_tokens=5,
+        )
+    assert second.status == "incomplete"
+    assert second.output_text
+
+
+async def test_a_stored_response_is_retrieved_listed_and_deleted(stack: Stack) -> None:
+    async with client(stack) as c:
+        stream = await create(c, model=MODEL, input="Stored?", max_output_tokens=4, stream=True)
+        events = [e async for e in stream]
+        final = events[-1].response
+        got = await c.responses.retrieve(final.id)
+        items: Any = await c.responses.input_items.list(final.id)
+        await c.responses.delete(final.id)  # raises unless it was there
+        with pytest.raises(openai.NotFoundError):
+            await c.responses.retrieve(final.id)
+        with pytest.raises(openai.BadRequestError) as gone:
+            await create(c, model=MODEL, previous_response_id=final.id, input="more")
+    assert final.to_dict()["store"] is True
+    assert got.id == final.id
+    assert got.output_text == final.output_text
+    assert got.status == "incomplete"
+    assert [i.type for i in items.data] == ["message"]
+    assert items.data[0].content[0].text == "Stored?"
+    assert gone.value.code == "previous_response_not_found"
+
+
+async def test_store_false_keeps_nothing(stack: Stack) -> None:
+    async with client(stack) as c:
+        r = await create(c, model=MODEL, input="Private", store=False, max_output_tokens=3)
+        with pytest.raises(openai.NotFoundError):
+            await c.responses.retrieve(r.id)
+    assert r.to_dict()["store"] is False
+
+
+async def test_another_tenants_response_is_not_found(stack: Stack) -> None:
+    async with client(stack) as c:
+        mine = await create(c, model=MODEL, input="Mine", max_output_tokens=3)
+    other_key = await stack.edge.new_key("t2")
+    async with openai.AsyncOpenAI(
+        base_url=stack.base_url, api_key=other_key, max_retries=0
+    ) as other:
+        with pytest.raises(openai.NotFoundError):
+            await other.responses.retrieve(mine.id)
+        with pytest.raises(openai.BadRequestError) as refused:
+            await create(other, model=MODEL, previous_response_id=mine.id, input="x")
+    assert refused.value.code == "previous_response_not_found"
+
+
+async def test_stored_response_routes_check_the_key_first(stack: Stack) -> None:
+    async with client(stack) as c:
+        with pytest.raises(openai.NotFoundError):
             await c.responses.retrieve("resp_123")
         with pytest.raises(openai.NotFoundError):
-            await c.responses.delete("resp_123")
-    assert "not stored" in found.value.message
+            await c.responses.delete("resp_" + "a" * 32)
     async with (
         aiohttp.ClientSession() as http,
         http.get(f"{stack.base_url}/responses/resp_123") as resp,

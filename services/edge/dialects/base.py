@@ -31,6 +31,13 @@ class Dialect(Protocol):
         prompt's token estimate; return the model asked for."""
         ...
 
+    async def resolve(
+        self, ctx: ChatContext, limits: RequestLimits, counters: EdgeCounters
+    ) -> None:
+        """What ``accept`` could not do without I/O (the Responses API reads the response a
+        request goes on from); after the caller is known. Most dialects have nothing to do."""
+        ...
+
     def completion_budget(self, ctx: ChatContext) -> int | None:
         """Tokens one choice may generate (its max_tokens); None: not set by the client."""
         ...

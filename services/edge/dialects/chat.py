@@ -88,6 +88,11 @@ class ChatDialect:
             _check_encoded_size(ctx, counters)
         return body.model
 
+    async def resolve(
+        self, ctx: ChatContext, limits: RequestLimits, counters: EdgeCounters
+    ) -> None:
+        """Nothing to read: ``accept`` did it all."""
+
     def completion_budget(self, ctx: ChatContext) -> int | None:
         assert ctx.body is not None
         return ctx.body.effective_max_tokens()

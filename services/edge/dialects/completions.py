@@ -61,6 +61,11 @@ class CompletionsDialect:
         ctx.prompt_tokens_estimate = sum(estimate_text_tokens(p) for p in prompts)
         return body.model
 
+    async def resolve(
+        self, ctx: ChatContext, limits: RequestLimits, counters: EdgeCounters
+    ) -> None:
+        """Nothing to read: ``accept`` did it all."""
+
     def completion_budget(self, ctx: ChatContext) -> int | None:
         assert ctx.completion is not None
         return ctx.completion.worker_max_tokens()

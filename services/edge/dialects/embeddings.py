@@ -39,6 +39,11 @@ class EmbeddingsDialect:
         ctx.prompt_tokens_estimate = sum(estimate_text_tokens(x) for x in inputs)
         return body.model
 
+    async def resolve(
+        self, ctx: ChatContext, limits: RequestLimits, counters: EdgeCounters
+    ) -> None:
+        """Nothing to read: ``accept`` did it all."""
+
     def completion_budget(self, ctx: ChatContext) -> int | None:
         return 0
 

@@ -56,6 +56,7 @@ class Validate:
         else:
             model = self._dialect.accept(raw, ctx, self._limits, self._counters)
         assert ctx.principal is not None
+        await self._dialect.resolve(ctx, self._limits, self._counters)
         if not ctx.principal.tenant.allows_model(model):
             self._counters.models_not_allowed += 1
             # As OpenAI: do not reveal whether the model exists to someone not allowed it.

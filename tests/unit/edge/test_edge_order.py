@@ -25,10 +25,10 @@ from services.edge.observability import EdgeTelemetry
 from services.edge.pipeline import (
     CHAT_STAGE_ORDER,
     COMPLETIONS_STAGE_ORDER,
-    RESPONSES_STAGE_ORDER,
     EDGE_ORDER,
     EMBEDDINGS_STAGE_ORDER,
     MIDDLEWARE_ORDER,
+    RESPONSES_STAGE_ORDER,
     STAGE_ORDERS,
     Next,
     build_chain,

@@ -17,12 +17,18 @@ from services.common.errors import InvalidRequest, Unavailable
 from services.edge.dialects.base import validate_object
 from services.edge.openai_responses import (
     ResponsesRequest,
+    ResponsesTurn,
     chat_body,
     in_responses_terms,
     responses_param,
 )
 from services.edge.openai_types import validate_chat_request
-from services.edge.render_response import ResponseEvents, output_items, response_object
+from services.edge.render_response import (
+    ResponseEvents,
+    assistant_message,
+    output_items,
+    response_object,
+)
 
 
 def _event_types() -> dict[str, type[pydantic.BaseModel]]:
@@ -176,7 +182,7 @@ def test_a_text_stream_is_openais_sequence_and_each_event_is_an_sdk_event() -> N
     for text in ("Hel", "lo"):
         data += events.chunk(_chunk(text=text))
     usage = worker_pb2.Usage(prompt_tokens=3, completion_tokens=2)
-    data += events.finish("stop", usage)
+    data += events.finish(events.final("stop", usage))
     got = _events(data)
     assert [e["type"] for e in got] == [
         "response.created",
@@ -213,7 +219,7 @@ def test_streamed_tool_calls_are_function_call_items_with_argument_deltas() -> N
             tool_calls=[worker_pb2.ToolCallDelta(index=1, id="call_2", name="g", arguments="{}")]
         )
     )
-    data += events.finish("tool_calls", worker_pb2.Usage())
+    data += events.finish(events.final("tool_calls", worker_pb2.Usage()))
     got = _events(data)
     added = [e for e in got if e["type"] == "response.output_item.added"]
     assert [(e["output_index"], e["item"]["call_id"]) for e in added] == [
@@ -243,10 +249,45 @@ def test_an_empty_answer_still_has_one_message() -> None:
     events = ResponseEvents(
         response_id="resp_ab", req=request(input="x"), created=1, logprobs=False
     )
-    got = _events(events.start() + events.finish("stop", worker_pb2.Usage()))
+    got = _events(events.start() + events.finish(events.final("stop", worker_pb2.Usage())))
     final = Response.model_validate(got[-1]["response"])
     assert [o.type for o in final.output] == ["message"]
     assert final.output_text == ""
+
+
+def test_a_turn_goes_on_from_the_previous_conversation_without_its_instructions() -> None:
+    previous = [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]
+    turn = ResponsesTurn(request(input="c", instructions="new"), previous=previous)
+    body = chat_body(turn.req, turn)
+    assert body["messages"] == [
+        {"role": "system", "content": "new"},
+        *previous,
+        {"role": "user", "content": "c"},
+    ]
+    assert turn.input_messages == [{"role": "user", "content": "c"}]
+    assert turn.input_items("resp_ab") == [
+        {
+            "type": "message",
+            "role": "user",
+            "content": [{"type": "input_text", "text": "c"}],
+            "id": "item_ab_0",
+        }
+    ]
+
+
+def test_the_stored_context_gets_the_answer_as_one_assistant_message() -> None:
+    output: list[dict[str, Any]] = [
+        {"type": "message", "content": [{"type": "output_text", "text": "so "}]},
+        {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"},
+    ]
+    assert assistant_message(output) == {
+        "role": "assistant",
+        "content": "so ",
+        "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+        ],
+    }
+    assert assistant_message([]) == {"role": "assistant", "content": ""}
 
 
 def test_a_whole_response_is_an_sdk_response_and_length_makes_it_incomplete() -> None:
