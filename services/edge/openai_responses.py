@@ -332,7 +332,7 @@ def _input_messages(value: Any) -> list[dict[str, Any]]:
 
 def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
     role = item.get("role")
-    if role not in _MESSAGE_ROLES:
+    if not isinstance(role, str) or role not in _MESSAGE_ROLES:
         raise InvalidRequest(
             f"Invalid value for '{where}.role': expected one of 'user', 'system', 'developer', "
             "'assistant'.",
@@ -356,6 +356,8 @@ def _message(item: dict[str, Any], where: str) -> dict[str, Any]:
     for j, part in enumerate(content):
         at = f"{where}.content[{j}]"
         kind = part.get("type") if isinstance(part, dict) else None
+        if not isinstance(kind, str):
+            kind = None  # a list or an object is no part type (and cannot be looked up)
         if kind in _TEXT_PARTS:
             parts.append({"type": "text", "text": _string(part, "text", at, empty=True)})
         elif kind == "refusal":

@@ -306,3 +306,20 @@ def test_a_whole_response_is_an_sdk_response_and_length_makes_it_incomplete() ->
     assert r.incomplete_details.reason == "max_output_tokens"
     assert r.metadata == {"k": "v"}
     assert r.output_text == "hi"
+
+
+@pytest.mark.parametrize(
+    ("item", "param"),
+    [
+        ({"role": ["user"], "content": "x"}, "input[0].role"),
+        ({"role": {"a": 1}, "content": "x"}, "input[0].role"),
+        ({"role": "user", "content": [{"type": ["input_text"]}]}, "input[0].content[0].type"),
+        ({"role": "user", "content": [{"type": {}}]}, "input[0].content[0].type"),
+        ({"role": "user", "content": ["text"]}, "input[0].content[0].type"),
+    ],
+)
+def test_odd_json_types_in_an_item_are_400s_naming_it(item: dict[str, Any], param: str) -> None:
+    """A list or an object where a string belongs was an unhashable TypeError (a 500)."""
+    with pytest.raises(InvalidRequest) as raised:
+        chat_body(request(input=[item]))
+    assert raised.value.param == param
