@@ -241,7 +241,9 @@ def chat_body(req: ResponsesRequest, turn: ResponsesTurn | None = None) -> dict[
         body["top_logprobs"] = req.top_logprobs or 0
     if req.tools:
         body["tools"] = [_function_tool(t, i) for i, t in enumerate(req.tools)]
-    if req.tool_choice is not None:
+    if req.tool_choice is not None and (req.tools or req.tool_choice not in ("auto", "none")):
+        # "auto" / "none" with no tools say nothing (every response echoes "auto"; a client
+        # replaying one must not be refused); chat refuses a tool_choice without tools.
         body["tool_choice"] = _tool_choice(req.tool_choice)
     fmt = req.text.format if req.text is not None else None
     if isinstance(fmt, JsonSchemaTextFormat):
@@ -439,6 +441,8 @@ def _tool_choice(choice: Any) -> Any:
 
 _CHAT_TO_RESPONSES = (
     (re.compile(r"^max_completion_tokens"), "max_output_tokens"),
+    (re.compile(r"^text\.format\.json_schema\."), "text.format."),  # the union's tag
+    (re.compile(r"^text\.format\.(text|json_object)\."), "text.format."),
     (re.compile(r"^response_format\.json_schema\.schema"), "text.format.schema"),
     (re.compile(r"^response_format\.json_schema"), "text.format"),
     (re.compile(r"^response_format"), "text.format"),

@@ -283,6 +283,15 @@ async def test_logprobs_are_included_when_asked_for(stack: Stack) -> None:
             "text.format.schema",
         ),
         ({"input": "x", "include": ["everything"]}, "include"),
+        (
+            {"input": "x", "text": {"format": {"type": "json_schema", "schema": {}}}},
+            "text.format.name",
+        ),
+        (
+            {"input": "x", "text": {"format": {"type": "json_schema", "name": "n"}}},
+            "text.format.schema",
+        ),
+        ({"input": "x", "tool_choice": "required"}, "tool_choice"),  # no tools to require
     ],
 )
 async def test_bad_responses_requests_are_400s_naming_the_responses_field(
@@ -356,6 +365,23 @@ async def test_a_stored_response_is_retrieved_listed_and_deleted(stack: Stack) -
     assert [i.type for i in items.data] == ["message"]
     assert items.data[0].content[0].text == "Stored?"
     assert gone.value.code == "previous_response_not_found"
+
+
+async def test_a_whole_response_is_stored_saying_it_is_stored(stack: Stack) -> None:
+    async with client(stack) as c:
+        r = await create(c, model=MODEL, input="Keep me", max_output_tokens=3)
+        got = await c.responses.retrieve(r.id)
+    assert r.to_dict()["store"] is True
+    assert got.to_dict()["store"] is True, "the stored copy says what the answer said"
+    assert got.output_text == r.output_text
+
+
+async def test_tool_choice_auto_or_none_without_tools_is_served(stack: Stack) -> None:
+    """Every response echoes ``tool_choice: "auto"``; a client replaying it is not refused."""
+    async with client(stack) as c:
+        for choice in ("auto", "none"):
+            r = await create(c, model=MODEL, input="x", tool_choice=choice, max_output_tokens=2)
+            assert r.output_text
 
 
 async def test_store_false_keeps_nothing(stack: Stack) -> None:

@@ -45,7 +45,10 @@ class ResponsesDialect:
         try:
             data = load_object(raw)
             check_unsupported(data)
-            req = validate_object(data, ResponsesRequest)
+            try:
+                req = validate_object(data, ResponsesRequest)
+            except InvalidRequest as err:
+                raise in_responses_terms(err) from None
         except InvalidRequest:
             counters.invalid_requests += 1
             raise

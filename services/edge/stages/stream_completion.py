@@ -87,6 +87,17 @@ class _Choice:
         self.logprobs.add(chunk.logprobs)
         return text, self.logprobs.delta()
 
+    def reported(self) -> worker_pb2.GenerateChunk:
+        """The last chunk as this choice's metrics and log line count it: a prompt's tokens
+        once, on its first choice (as its usage does), not once per choice."""
+        if self.first_of_prompt:
+            return self.last
+        chunk = worker_pb2.GenerateChunk()
+        chunk.CopyFrom(self.last)
+        chunk.usage.prompt_tokens = 0
+        chunk.usage.cached_prompt_tokens = 0
+        return chunk
+
     def finish(self) -> str:
         if self.echo_only:
             return "length"  # max_tokens (0) reached, as OpenAI says
@@ -195,7 +206,7 @@ class CompletionStream(Stream):
 
         await asyncio.gather(*(read(c) for c in choices))
         for c in choices:
-            self._log_done(ctx, c.upstream, c.last)
+            self._log_done(ctx, c.upstream, c.reported())
         self._counters.completions += 1
         created, usage = now_s(), _summed(choices)
         return await json_answer(
@@ -308,5 +319,5 @@ class CompletionStream(Stream):
                 p.cancel()
             for c in choices:
                 c.upstream.cancel()
-                self._log_done(ctx, c.upstream, c.last)
+                self._log_done(ctx, c.upstream, c.reported())
         return resp

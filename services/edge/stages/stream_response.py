@@ -72,6 +72,7 @@ class ResponsesStream(Stream):
             context=[*turn.previous, *turn.input_messages, assistant_message(response["output"])],
             input_items=turn.input_items(ctx.request_id),
         )
+        response["store"] = True  # as the stored copy must say (a GET returns it)
         response["store"] = await self._store.put(ctx.principal.tenant.tenant_id, stored)
         if response["store"]:
             self._counters.responses_stored += 1
