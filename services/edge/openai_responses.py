@@ -156,9 +156,8 @@ def check_unsupported(data: dict[str, Any]) -> None:
             )
     if data.get("background") is True:
         raise InvalidRequest(
-            "Unsupported value for 'background': background responses need a stored "
-            "response, which is not kept here; send the request without it (stream it to "
-            "see it progress).",
+            "Unsupported value for 'background': responses are not run in the background "
+            "here; send the request without it (stream it to see it progress).",
             param="background",
             code="unsupported_value",
         )
@@ -313,8 +312,8 @@ def _input_messages(value: Any) -> list[dict[str, Any]]:
             continue
         elif kind == "item_reference":
             raise InvalidRequest(
-                f"Unsupported value for '{where}.type': 'item_reference' needs a stored "
-                "response, which is not kept here; send the item itself.",
+                f"Unsupported value for '{where}.type': 'item_reference' items are not "
+                "looked up here; send the item itself, or go on with previous_response_id.",
                 param=f"{where}.type",
                 code="unsupported_value",
             )
