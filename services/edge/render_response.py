@@ -21,6 +21,7 @@ from typing import Any
 from meridian.v1 import worker_pb2
 from services.common.errors import MeridianError
 from services.edge.openai_responses import JsonSchemaTextFormat, ResponsesRequest
+from services.edge.render import logprobs_dict
 
 
 def response_usage(usage: worker_pb2.Usage) -> dict[str, Any]:
@@ -39,19 +40,9 @@ def response_usage(usage: worker_pb2.Usage) -> dict[str, Any]:
 
 
 def token_logprobs(lps: list[worker_pb2.TokenLogprob]) -> list[dict[str, Any]]:
-    """Per-token logprobs as ``output_text.logprobs`` holds them."""
-    return [
-        {
-            "token": lp.token,
-            "logprob": lp.logprob,
-            "bytes": list(lp.token.encode()),
-            "top_logprobs": [
-                {"token": t.token, "logprob": t.logprob, "bytes": list(t.token.encode())}
-                for t in lp.top
-            ],
-        }
-        for lp in lps
-    ]
+    """Per-token logprobs as ``output_text.logprobs`` holds them: chat's entries
+    (:func:`~services.edge.render.logprobs_dict`), the same shape."""
+    return logprobs_dict(lps)["content"]  # type: ignore[no-any-return]
 
 
 def _text_param(req: ResponsesRequest) -> dict[str, Any]:

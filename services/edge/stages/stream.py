@@ -369,15 +369,7 @@ class Stream:
             stream.cancel()  # the worker stops now, not after the last write
             await self._end_cut(ctx, resp, err)
         except MeridianError as err:
-            self._counters.stream_errors += 1
-            event(
-                log,
-                "stream.failed",
-                level=logging.WARNING,
-                request_id=ctx.request_id,
-                error=err.message,
-                migrations=stream.migrations,
-            )
+            self._note_failed(ctx, err, stream.migrations)
             with contextlib.suppress(ClientGone):
                 await self._write(ctx, resp, sse_data(err.to_openai()))
                 await self._write(ctx, resp, SSE_DONE)
@@ -388,6 +380,18 @@ class Stream:
             self._log_done(ctx, stream, last, tool_calls=tool_calls)
             self._note_tool_calls(tool_calls)
         return resp
+
+    def _note_failed(self, ctx: ChatContext, err: MeridianError, migrations: int) -> None:
+        """A stream that failed after its headers: its counter and its log line."""
+        self._counters.stream_errors += 1
+        event(
+            log,
+            "stream.failed",
+            level=logging.WARNING,
+            request_id=ctx.request_id,
+            error=err.message,
+            migrations=migrations,
+        )
 
     def _merged(
         self, ctx: ChatContext, chunks: AsyncGenerator[worker_pb2.GenerateChunk, None]

@@ -13,14 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import logging
 from typing import Any
 
 from aiohttp import web
 
 from meridian.v1 import worker_pb2
 from services.common.errors import MeridianError
-from services.common.logs import event
 from services.edge.context import ChatContext
 from services.edge.guard import cut_scope
 from services.edge.httperrors import Interrupted
@@ -46,8 +44,6 @@ from services.edge.stages.stream import (
     _track_usage,
 )
 from services.edge.upstream.failover import UpstreamStream
-
-log = logging.getLogger("meridian.edge")
 
 
 class ResponsesStream(Stream):
@@ -167,15 +163,7 @@ class ResponsesStream(Stream):
             stream.cancel()  # the worker stops now, not after the last write
             await self._end_cut(ctx, resp, err)
         except MeridianError as err:
-            self._counters.stream_errors += 1
-            event(
-                log,
-                "stream.failed",
-                level=logging.WARNING,
-                request_id=ctx.request_id,
-                error=err.message,
-                migrations=stream.migrations,
-            )
+            self._note_failed(ctx, err, stream.migrations)
             with contextlib.suppress(ClientGone):
                 await self._write(ctx, resp, render.failed(err, last.usage))
         except ClientGone:
