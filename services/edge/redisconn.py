@@ -23,7 +23,9 @@ What the edge needs of every topology, and how each provides it:
 - **fail over without a restart**: the Sentinel pool asks the sentinels for the primary on
   every new connection and drops idle connections to an old one; one immediate retry on a
   connection error replaces a connection that died with its server; the edge also listens
-  for the sentinels' ``+switch-master`` and moves at once (:func:`follow_failovers`). A
+  for the sentinels' ``+switch-master`` and moves at once (:func:`follow_failovers`); it
+  never goes back to a sentinel's older answer (:class:`EpochSentinel`) nor reuses a
+  connection bound to an old primary (:class:`BlockingSentinelPool`). A
   settle the old primary took and lost is sent again (see the limiter). The Cluster client
   re-reads the slot map on ``MOVED``/connection errors.
 - **revocation pub/sub**: PUBLISH/SUBSCRIBE; on a Cluster, messages published on any node
@@ -46,8 +48,9 @@ import redis.exceptions
 from redis.asyncio import BlockingConnectionPool
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.connection import AbstractConnection
 from redis.asyncio.retry import Retry
-from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.asyncio.sentinel import MasterNotFoundError, Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 
 from services.common.logs import event
@@ -248,9 +251,7 @@ def connect(
         }
         if target.sentinel_auth:
             sentinel_kwargs.update(auth)
-        sentinel = Sentinel(  # type: ignore[no-untyped-call]  # untyped in redis-py
-            list(target.hosts), sentinel_kwargs=sentinel_kwargs
-        )
+        sentinel = EpochSentinel(list(target.hosts), sentinel_kwargs=sentinel_kwargs)
         client: aioredis.Redis = sentinel.master_for(
             target.master,
             connection_pool_class=BlockingSentinelPool,
@@ -271,9 +272,74 @@ def connect(
     )
 
 
+class EpochSentinel(Sentinel):
+    """redis-py's Sentinel client, whose discovery never goes back to an older configuration.
+
+    Why: after a failover the sentinels learn the new primary from each other (hello messages,
+    every 2 s), and an *ordered* failover leaves the old primary up, answering writes as a
+    primary until the sentinels demote it (several seconds later); whatever it takes then is
+    lost when it syncs from the new one. redis-py trusts the first sentinel that answers, so a
+    connection opened just after the switch could go back to the old primary. Every answer
+    carries its configuration's epoch, which grows with each failover: an answer older than
+    one already seen is passed over for the next sentinel's. Only when no reachable sentinel
+    has caught up is the newest of the older answers used (no primary at all would be worse).
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]  # untyped in redis-py
+        self.epochs: dict[str, int] = {}
+        """The newest configuration epoch seen per master name."""
+
+    async def discover_master(self, service_name: str) -> tuple[str, int]:
+        newest = self.epochs.get(service_name, -1)
+        older: list[tuple[int, tuple[str, int]]] = []
+        errors: list[str] = []
+        for turn, sentinel in enumerate(self.sentinels):
+            try:
+                masters: dict[str, dict[str, Any]] = await sentinel.sentinel_masters()  # type: ignore[assignment]
+            except (redis.exceptions.ConnectionError, redis.exceptions.TimeoutError) as err:
+                errors.append(f"{sentinel} - {err!r}")
+                continue
+            state = masters.get(service_name)
+            if not state or not self.check_master_state(state, service_name):
+                continue
+            epoch = int(state.get("config-epoch", 0))
+            ip = state["ip"] if self._force_master_ip is None else self._force_master_ip
+            address = (ip, int(state["port"]))
+            if epoch < newest:
+                older.append((epoch, address))
+                continue
+            self.epochs[service_name] = epoch
+            # Ask this sentinel first next time (as redis-py does).
+            self.sentinels[0], self.sentinels[turn] = sentinel, self.sentinels[0]
+            return address
+        if older:
+            return max(older)[1]
+        detail = f" : {', '.join(errors)}" if errors else ""
+        raise MasterNotFoundError(f"No master found for {service_name!r}{detail}")
+
+
 class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
     """The Sentinel pool with the blocking pool's waiting: at most ``max_connections`` to the
-    primary, a burst waits for a free one (redis-py's Sentinel pool would fail it instead)."""
+    primary, a burst waits for a free one (redis-py's Sentinel pool would fail it instead).
+
+    A connection handed back while it points at a server that is no longer the primary is
+    closed, so its next use reconnects to the primary. redis-py drops only the idle ones when
+    it learns of a new primary; one busy at that moment would go back to the pool still bound
+    to the old server and, after an ordered failover, write there until the old primary is
+    demoted — writes that are then lost.
+    """
+
+    async def release(self, connection: AbstractConnection) -> None:
+        if (
+            self.is_master
+            and self.master_address is not None
+            and connection.is_connected
+            and (getattr(connection, "host", None), getattr(connection, "port", None))
+            != tuple(self.master_address)
+        ):
+            await connection.disconnect()
+        await super().release(connection)
 
 
 async def open_pubsub(client: RedisClient) -> PubSub:
@@ -320,7 +386,8 @@ async def follow_failovers(client: RedisClient, stop: asyncio.Event) -> None:
     turn = 0
     backoff_s = 0.1
     while not stop.is_set():
-        pubsub = sentinels[turn % len(sentinels)].pubsub(ignore_subscribe_messages=True)
+        source = sentinels[turn % len(sentinels)]
+        pubsub = source.pubsub(ignore_subscribe_messages=True)
         try:
             await pubsub.subscribe("+switch-master")
             backoff_s = 0.1
@@ -331,6 +398,10 @@ async def follow_failovers(client: RedisClient, stop: asyncio.Event) -> None:
                 data = msg["data"]
                 fields = (data.decode() if isinstance(data, bytes) else str(data)).split()
                 if fields and fields[0] == pool.service_name:
+                    # Ask the sentinel that announced the switch first: the others may not
+                    # have heard of it yet, and its answer's epoch makes theirs stale.
+                    at = sentinels.index(source)
+                    sentinels[0], sentinels[at] = sentinels[at], sentinels[0]
                     address = await pool.get_master_address()  # type: ignore[no-untyped-call]
                     # Busy connections too: redis-py hands a released connection out again
                     # wherever it points. A command in flight fails over to the new primary

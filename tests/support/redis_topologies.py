@@ -296,3 +296,69 @@ class ClusterTopology:
     def stop(self) -> None:
         for server in self.nodes:
             server.stop()
+
+
+@dataclass
+class LoneSentinel:
+    """One data node and one sentinel that believes it is ``MASTER_NAME``'s primary at
+    configuration epoch ``epoch``: two of these with different epochs are what a client sees
+    while sentinels disagree just after a failover (one has heard of it, one has not)."""
+
+    workdir: Path
+    epoch: int
+    node: _Server | None = None
+    sentinel: _Server | None = None
+
+    def start(self) -> None:
+        try:
+            self.workdir.mkdir(parents=True, exist_ok=True)
+            port = free_port()
+            node_dir = self.workdir / f"node-{port}"
+            node_dir.mkdir()
+            self.node = _Server(port, _data_args(port, node_dir), node_dir / "log")
+            self.node.start()
+            sentinel_port = free_port()
+            conf = self.workdir / f"sentinel-{sentinel_port}.conf"
+            conf.write_text(
+                f"port {sentinel_port}\nbind 127.0.0.1\ndir {self.workdir}\n"
+                f"sentinel monitor {MASTER_NAME} 127.0.0.1 {port} 1\n"
+                f"sentinel config-epoch {MASTER_NAME} {self.epoch}\n"
+            )
+            args = [_binary("redis-server"), str(conf), "--sentinel"]
+            self.sentinel = _Server(sentinel_port, args, self.workdir / "sentinel.log")
+            self.sentinel.start()
+            self._wait_until_master_known()
+        except BaseException:
+            self.stop()
+            raise
+
+    def _wait_until_master_known(self, timeout_s: float = 10.0) -> None:
+        """The sentinel has connected to the node and sees it as a primary."""
+        client = redis.Redis(host="127.0.0.1", port=self.sentinel_port)
+        deadline = time.monotonic() + timeout_s
+        try:
+            while True:
+                state = client.sentinel_master(MASTER_NAME)
+                assert isinstance(state, dict), state
+                if state.get("is_master") and not state.get("is_sdown"):
+                    return
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"the sentinel does not see its primary: {state}")
+                time.sleep(0.05)
+        finally:
+            client.close()
+
+    @property
+    def port(self) -> int:
+        assert self.node is not None
+        return self.node.port
+
+    @property
+    def sentinel_port(self) -> int:
+        assert self.sentinel is not None
+        return self.sentinel.port
+
+    def stop(self) -> None:
+        for server in (self.sentinel, self.node):
+            if server is not None:
+                server.stop()
