@@ -219,10 +219,18 @@ class _Item:
     logprobs: list[dict[str, Any]] | None = None
     call_id: str = ""
     name: str = ""
+    status: str | None = None  # once its closing events are sent
 
 
 class ResponseEvents:
-    """The events of one streamed response, rendered as the chunks arrive."""
+    """The events of one streamed response, rendered as the chunks arrive.
+
+    Items follow one another as on OpenAI's: when the next item starts (a function call
+    after the text, or the next call), the one before is closed (``…done`` and
+    ``output_item.done``, status ``completed``), so a client that acts on a finished item, an
+    agent loop running a call on its ``output_item.done``, need not wait for the whole
+    answer. The last item closes with the response's own status.
+    """
 
     def __init__(
         self,
@@ -240,7 +248,7 @@ class ResponseEvents:
         self._created = created
         self._logprobs = logprobs
         self._seq = 0
-        self._message: _Item | None = None
+        self._message: _Item | None = None  # the message item text goes to now
         self._calls: dict[int, _Item] = {}  # by the worker's tool-call index
         self._items: list[_Item] = []
         self._opening = b""  # an empty answer's message, opened by final()
@@ -275,6 +283,7 @@ class ResponseEvents:
         )
 
     def _rendered(self, item: _Item, status: str) -> dict[str, Any]:
+        status = item.status or status
         if item.kind == "message":
             return message_item(item.item_id, "".join(item.parts), status, item.logprobs)
         return call_item(item.item_id, item.call_id, item.name, "".join(item.parts), status)
@@ -296,30 +305,39 @@ class ResponseEvents:
             out += self._call_piece(call)
         return out
 
-    def _text(self, chunk: worker_pb2.GenerateChunk) -> bytes:
-        out = b""
+    def _open_message(self) -> tuple[_Item, bytes]:
+        """The message item text goes to, opened (closing the item before it) if need be: the
+        first message is ``msg_<id>``; text after a function call starts another."""
         item = self._message
-        if item is None:
-            item = _Item(len(self._items), f"msg_{self._suffix}", "message")
-            item.logprobs = [] if self._logprobs else None
-            self._message = item
-            self._items.append(item)
-            out += self._event(
-                {
-                    "type": "response.output_item.added",
-                    "output_index": item.output_index,
-                    "item": message_item(item.item_id, "", "in_progress", []),
-                }
-            )
-            out += self._event(
-                {
-                    "type": "response.content_part.added",
-                    "item_id": item.item_id,
-                    "output_index": item.output_index,
-                    "content_index": 0,
-                    "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []},
-                }
-            )
+        if item is not None and item.status is None:
+            return item, b""
+        out = self._close_open("completed")
+        messages = sum(1 for i in self._items if i.kind == "message")
+        item_id = f"msg_{self._suffix}" + (f"_{messages}" if messages else "")
+        item = _Item(len(self._items), item_id, "message")
+        item.logprobs = [] if self._logprobs else None
+        self._message = item
+        self._items.append(item)
+        out += self._event(
+            {
+                "type": "response.output_item.added",
+                "output_index": item.output_index,
+                "item": message_item(item.item_id, "", "in_progress", []),
+            }
+        )
+        out += self._event(
+            {
+                "type": "response.content_part.added",
+                "item_id": item.item_id,
+                "output_index": item.output_index,
+                "content_index": 0,
+                "part": {"type": "output_text", "text": "", "annotations": [], "logprobs": []},
+            }
+        )
+        return item, out
+
+    def _text(self, chunk: worker_pb2.GenerateChunk) -> bytes:
+        item, out = self._open_message()
         item.parts.append(chunk.text)
         lps = token_logprobs(list(chunk.logprobs)) if self._logprobs and chunk.logprobs else []
         if item.logprobs is not None:
@@ -340,6 +358,7 @@ class ResponseEvents:
         out = b""
         item = self._calls.get(call.index)
         if item is None:
+            out += self._close_open("completed")
             item = _Item(
                 len(self._items),
                 f"fc_{self._suffix}_{len(self._calls)}",
@@ -357,6 +376,8 @@ class ResponseEvents:
                 }
             )
         if call.arguments:
+            # (Parsers finish a call before the next starts; a late piece of a closed call
+            # still reaches the final response and its delta is still sent.)
             item.parts.append(call.arguments)
             out += self._event(
                 {
@@ -373,16 +394,26 @@ class ResponseEvents:
     ) -> dict[str, Any]:
         """The finished ``response`` (what is stored, and what the last event carries)."""
         if not self._items:  # nothing generated: still one (empty) message, as OpenAI's
-            self._opening = self._text(worker_pb2.GenerateChunk())
+            self._opening = self._open_message()[1]
         return self._response(status_of(finish), usage, extension=extension)
 
     def finish(self, response: dict[str, Any]) -> bytes:
-        """Every item's closing events, then ``response.completed`` / ``response.incomplete``
-        carrying ``response`` (from :meth:`final`)."""
+        """The open item's closing events, then ``response.completed`` /
+        ``response.incomplete`` carrying ``response`` (from :meth:`final`)."""
         status = response["status"]
         out, self._opening = self._opening, b""
+        out += self._close_open(status)
+        kind = "response.completed" if status == "completed" else "response.incomplete"
+        return out + self._event({"type": kind, "response": response})
+
+    def _close_open(self, status: str) -> bytes:
+        """The closing events of every item not yet closed, which then keep ``status``."""
+        out = b""
         for item in self._items:
+            if item.status is not None:
+                continue
             rendered = self._rendered(item, status)
+            item.status = status
             if item.kind == "message":
                 text = rendered["content"][0]["text"]
                 out += self._event(
@@ -421,8 +452,7 @@ class ResponseEvents:
                     "item": rendered,
                 }
             )
-        kind = "response.completed" if status == "completed" else "response.incomplete"
-        return out + self._event({"type": kind, "response": response})
+        return out
 
     def failed(self, err: MeridianError, usage: worker_pb2.Usage | None) -> bytes:
         """A failure after the headers: an ``error`` event, then ``response.failed``."""

@@ -233,6 +233,71 @@ def test_streamed_tool_calls_are_function_call_items_with_argument_deltas() -> N
     assert final.status == "completed"
 
 
+def _item_events(got: list[dict[str, Any]]) -> list[tuple[str, int]]:
+    kinds = ("response.output_item.added", "response.output_item.done")
+    return [(e["type"].rsplit(".", 1)[1], e["output_index"]) for e in got if e["type"] in kinds]
+
+
+def test_each_item_is_closed_before_the_next_is_added() -> None:
+    """As on OpenAI's: an agent loop can run a call on its ``output_item.done`` while the
+    next is still being generated."""
+    events = ResponseEvents(
+        response_id="resp_ab", req=request(input="x"), created=1, logprobs=False
+    )
+    data = events.start() + events.chunk(_chunk(text="Let me look."))
+    data += events.chunk(
+        _chunk(
+            tool_calls=[worker_pb2.ToolCallDelta(index=0, id="call_1", name="f", arguments="{}")]
+        )
+    )
+    data += events.chunk(
+        _chunk(tool_calls=[worker_pb2.ToolCallDelta(index=1, id="call_2", name="g", arguments="{")])
+    )
+    data += events.chunk(_chunk(tool_calls=[worker_pb2.ToolCallDelta(index=1, arguments="}")]))
+    data += events.finish(events.final("length", worker_pb2.Usage()))
+    got = _events(data)
+    assert _item_events(got) == [
+        ("added", 0),
+        ("done", 0),
+        ("added", 1),
+        ("done", 1),
+        ("added", 2),
+        ("done", 2),
+    ]
+    done = {e["output_index"]: e["item"] for e in got if e["type"] == "response.output_item.done"}
+    assert done[0]["content"][0]["text"] == "Let me look."
+    assert done[1]["arguments"] == "{}"
+    # the items closed early are whole; the last one ends with the response (cut short here)
+    assert [item["status"] for item in done.values()] == ["completed", "completed", "incomplete"]
+    final = Response.model_validate(got[-1]["response"])
+    assert final.status == "incomplete"
+    assert [o.status for o in final.output] == ["completed", "completed", "incomplete"]
+
+
+def test_text_after_a_function_call_is_a_new_message_item() -> None:
+    events = ResponseEvents(
+        response_id="resp_ab", req=request(input="x"), created=1, logprobs=False
+    )
+    data = events.start() + events.chunk(_chunk(text="a"))
+    data += events.chunk(
+        _chunk(
+            tool_calls=[worker_pb2.ToolCallDelta(index=0, id="call_1", name="f", arguments="{}")]
+        )
+    )
+    data += events.chunk(_chunk(text="b"))
+    data += events.finish(events.final("stop", worker_pb2.Usage()))
+    got = _events(data)
+    opened_then_closed = [(kind, i) for i in range(3) for kind in ("added", "done")]
+    assert _item_events(got) == opened_then_closed
+    final = Response.model_validate(got[-1]["response"])
+    assert [(o.type, o.id) for o in final.output] == [
+        ("message", "msg_ab"),
+        ("function_call", "fc_ab_0"),
+        ("message", "msg_ab_1"),
+    ]
+    assert final.output_text == "ab"
+
+
 def test_a_failure_after_the_headers_is_an_error_event_then_response_failed() -> None:
     events = ResponseEvents(
         response_id="resp_ab", req=request(input="x"), created=1, logprobs=False
@@ -253,6 +318,7 @@ def test_an_empty_answer_still_has_one_message() -> None:
     final = Response.model_validate(got[-1]["response"])
     assert [o.type for o in final.output] == ["message"]
     assert final.output_text == ""
+    assert "response.output_text.delta" not in [e["type"] for e in got], "no empty delta"
 
 
 def test_a_turn_goes_on_from_the_previous_conversation_without_its_instructions() -> None:
