@@ -32,7 +32,7 @@ from services.edge.middleware.ip_guard import ip_guard
 from services.edge.middleware.telemetry import TRACE_ID, telemetry_middleware
 from services.edge.migration.policy import MigrationPolicy
 from services.edge.observability import EdgeTelemetry
-from services.edge.openai_responses import RESPONSE_ID
+from services.edge.openai_responses import RESPONSE_ID, in_responses_terms
 from services.edge.pipeline import (
     STAGE_ORDERS,
     Next,
@@ -219,7 +219,12 @@ async def completions(request: web.Request) -> web.StreamResponse:
 
 
 async def responses(request: web.Request) -> web.StreamResponse:
-    return await request.app[RESPONSES](_context(request, RESPONSES_DIALECT.id_prefix))
+    try:
+        return await request.app[RESPONSES](_context(request, RESPONSES_DIALECT.id_prefix))
+    except InvalidRequest as err:
+        # Past validation the request is chat's (routing, the worker): name the fields as
+        # the client sent them (max_output_tokens, text.format, input), not chat's.
+        raise in_responses_terms(err) from None
 
 
 async def stored_response(request: web.Request) -> web.Response:

@@ -439,7 +439,7 @@ def _tool_choice(choice: Any) -> Any:
 
 
 _CHAT_TO_RESPONSES = (
-    (re.compile(r"^max_completion_tokens"), "max_output_tokens"),
+    (re.compile(r"^max_(completion_)?tokens$"), "max_output_tokens"),
     (re.compile(r"^text\.format\.json_schema\."), "text.format."),  # the union's tag
     (re.compile(r"^text\.format\.(text|json_object)\."), "text.format."),
     (re.compile(r"^response_format\.json_schema\.schema"), "text.format.schema"),
@@ -464,9 +464,10 @@ def responses_param(param: str | None) -> str | None:
 
 
 def in_responses_terms(err: InvalidRequest) -> InvalidRequest:
-    """``err`` from chat's validation of the translated request, naming the Responses field."""
+    """``err``, raised about the chat request a Responses request became (by chat's
+    validation, the router's capability check, a worker), naming the Responses field."""
     param = responses_param(err.param)
     if param == err.param:
         return err
     message = err.message.replace(f"'{err.param}'", f"'{param}'")
-    return type(err)(message, param=param, code=err.code)
+    return type(err)(message, param=param, code=err.code, retry_after_s=err.retry_after_s)

@@ -302,6 +302,15 @@ async def test_bad_responses_requests_are_400s_naming_the_responses_field(
     assert answer["error"]["param"] == param, answer
 
 
+async def test_a_refusal_past_validation_names_the_responses_field(stack: Stack) -> None:
+    """The worker checks the context (8,192 tokens in the sim) on the chat request this one
+    became, and says max_tokens; the client sent max_output_tokens."""
+    status, answer = await post(stack, {"model": MODEL, "input": "x", "max_output_tokens": 9000})
+    assert status == 400, answer
+    assert answer["error"]["code"] == "context_length_exceeded"
+    assert answer["error"]["param"] == "max_output_tokens", answer
+
+
 async def test_previous_response_id_goes_on_from_the_stored_conversation(stack: Stack) -> None:
     """The stored turn (its input and its answer, not its instructions, as on OpenAI's) comes
     before the new input: the same seed gives the same text as sending the whole
