@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -243,18 +244,52 @@ async def stored_input_items(request: web.Request) -> web.Response:
     stored = await store.get(tenant_id, response_id)
     if stored is None:
         raise _no_response(response_id)
-    items = stored.input_items
-    if request.query.get("order", "desc") != "asc":
-        items = items[::-1]  # newest first, as OpenAI lists them by default
-    return web.json_response(
-        {
-            "object": "list",
-            "data": items,
-            "first_id": items[0]["id"] if items else None,
-            "last_id": items[-1]["id"] if items else None,
-            "has_more": False,
-        }
-    )
+    return web.json_response(input_items_page(stored.input_items, request.query))
+
+
+#: ``limit`` of a list endpoint, as OpenAI bounds it.
+LIST_LIMIT_MAX = 100
+LIST_LIMIT_DEFAULT = 20
+
+
+def input_items_page(items: list[dict[str, Any]], query: Mapping[str, str]) -> dict[str, Any]:
+    """One page of a list, as OpenAI's list endpoints answer: ``order`` (``desc``, newest
+    first, by default), at most ``limit`` (1..100, default 20), starting after the item whose
+    id is ``after``; ``has_more`` says whether another page follows."""
+    order = query.get("order", "desc")
+    if order not in ("asc", "desc"):
+        raise InvalidRequest(
+            f"Invalid value for 'order': expected 'asc' or 'desc', got {order[:40]!r}.",
+            param="order",
+        )
+    text = query.get("limit", str(LIST_LIMIT_DEFAULT))
+    limit = int(text) if text.isascii() and text.isdigit() and len(text) < 6 else 0
+    if not 1 <= limit <= LIST_LIMIT_MAX:
+        raise InvalidRequest(
+            f"Invalid value for 'limit': expected an integer from 1 to {LIST_LIMIT_MAX}, "
+            f"got {text[:40]!r}.",
+            param="limit",
+        )
+    ordered = items if order == "asc" else items[::-1]
+    start = 0
+    after = query.get("after")
+    if after is not None:
+        at = next((i for i, item in enumerate(ordered) if item.get("id") == after), None)
+        if at is None:
+            raise InvalidRequest(
+                f"Invalid value for 'after': no input item of this response has the id "
+                f"{after[:80]!r}.",
+                param="after",
+            )
+        start = at + 1
+    page = ordered[start : start + limit]
+    return {
+        "object": "list",
+        "data": page,
+        "first_id": page[0]["id"] if page else None,
+        "last_id": page[-1]["id"] if page else None,
+        "has_more": start + limit < len(ordered),
+    }
 
 
 async def delete_stored_response(request: web.Request) -> web.Response:

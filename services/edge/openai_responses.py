@@ -201,11 +201,24 @@ class ResponsesTurn:
             item = dict(item)
             item.setdefault("type", "message")
             item.setdefault("id", f"item_{suffix}_{i}")
+            if item["type"] in _ITEMS_WITH_STATUS:
+                item.setdefault("status", "completed")
             if item["type"] == "message" and isinstance(item.get("content"), str):
                 kind = "output_text" if item.get("role") == "assistant" else "input_text"
                 item["content"] = [{"type": kind, "text": item["content"]}]
+            if item["type"] == "message" and isinstance(item.get("content"), list):
+                item["content"] = [
+                    {**part, "annotations": part.get("annotations", [])}
+                    if isinstance(part, dict) and part.get("type") == "output_text"
+                    else part
+                    for part in item["content"]
+                ]
             out.append(item)
         return out
+
+
+#: The input items OpenAI lists with a ``status`` (done, once the turn is stored).
+_ITEMS_WITH_STATUS = frozenset({"message", "function_call", "function_call_output"})
 
 
 def chat_body(req: ResponsesRequest, turn: ResponsesTurn | None = None) -> dict[str, Any]:

@@ -376,6 +376,57 @@ async def test_a_stored_response_is_retrieved_listed_and_deleted(stack: Stack) -
     assert gone.value.code == "previous_response_not_found"
 
 
+async def test_input_items_page_through_the_sdks_cursor_in_either_order(stack: Stack) -> None:
+    turns = [
+        {"role": "user", "content": "one"},
+        {"role": "assistant", "content": "two"},
+        {"role": "user", "content": "three"},
+        {"role": "assistant", "content": "four"},
+        {"role": "user", "content": "five"},
+    ]
+    async with client(stack) as c:
+        r = await create(c, model=MODEL, input=turns, max_output_tokens=2)
+        newest_first = [i async for i in c.responses.input_items.list(r.id, limit=2)]
+        oldest_first = [i async for i in c.responses.input_items.list(r.id, order="asc")]
+        first_page = await c.responses.input_items.list(r.id, limit=2, order="asc")
+    texts = [item.content[0].text for item in oldest_first]  # type: ignore[index,union-attr]
+    assert texts == ["one", "two", "three", "four", "five"]
+    assert [i.id for i in newest_first] == [i.id for i in oldest_first][::-1]
+    assert [i.status for i in oldest_first] == ["completed"] * 5  # type: ignore[union-attr]
+    assert first_page.has_more
+    assert [i.id for i in first_page.data] == [i.id for i in oldest_first[:2]]
+    last = oldest_first[-1].id
+    for query, param in [
+        ({"limit": "0"}, "limit"),
+        ({"limit": "101"}, "limit"),
+        ({"limit": "ten"}, "limit"),
+        ({"order": "sideways"}, "order"),
+        ({"after": "item_unknown"}, "after"),
+    ]:
+        async with (
+            aiohttp.ClientSession() as http,
+            http.get(
+                f"{stack.edge.url}/v1/responses/{r.id}/input_items",
+                params=query,
+                headers={"Authorization": f"Bearer {stack.key}"},
+            ) as resp,
+        ):
+            answer = await resp.json()
+        assert (resp.status, answer["error"]["param"]) == (400, param), (query, answer)
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(
+            f"{stack.edge.url}/v1/responses/{r.id}/input_items",
+            params={"after": last, "order": "asc"},
+            headers={"Authorization": f"Bearer {stack.key}"},
+        ) as resp,
+    ):
+        assert (resp.status, await resp.json()) == (
+            200,
+            {"object": "list", "data": [], "first_id": None, "last_id": None, "has_more": False},
+        )
+
+
 async def test_a_whole_response_is_stored_saying_it_is_stored(stack: Stack) -> None:
     async with client(stack) as c:
         r = await create(c, model=MODEL, input="Keep me", max_output_tokens=3)
