@@ -27,6 +27,9 @@ from aiohttp import web
 T = TypeVar("T")
 
 _THREAD = ThreadPoolExecutor(max_workers=1, thread_name_prefix="edge-offload")
+#: JSON bigger than this is parsed, checked or encoded here rather than on the loop (a few
+#: hundred microseconds of work on the loop is cheaper than the hop to the thread and back).
+OFF_LOOP_BYTES = 64 * 1024
 #: Items of a list encoded by one ``json.dumps`` call (~10 ms for 256 logprob entries).
 SLICE = 256
 #: How deep :func:`json_bytes` looks for long lists (an answer's are at most 4 levels down:

@@ -180,6 +180,7 @@ class ResponsesTurn:
     #: Whether the chat request still waits for the previous response (read from Redis).
     pending: bool = False
     raw_bytes: int = 0  # the request body's size
+    previous_bytes: int = 0  # the stored record it goes on from, encoded
 
     def input_items(self, response_id: str) -> list[dict[str, Any]]:
         """This turn's input as Responses items, each with an id (as OpenAI lists them)."""

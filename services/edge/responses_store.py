@@ -24,12 +24,13 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from services.common.errors import Unavailable
 from services.common.logs import event
 from services.edge.breaker import Breaker
+from services.edge.offload import OFF_LOOP_BYTES, off_loop
 from services.edge.redisconn import REDIS_FAILURES, RedisClient
 
 T = TypeVar("T")
@@ -50,6 +51,12 @@ class StoredResponse:
     context: list[dict[str, Any]]
     #: This turn's input items, in the Responses shape.
     input_items: list[dict[str, Any]]
+    #: The record's encoded size (read from Redis; 0 for one not stored yet).
+    size: int = field(default=0, compare=False)
+
+
+def _encoded(record: dict[str, Any]) -> str:
+    return json.dumps(record, separators=(",", ":"))
 
 
 def _key(tenant_id: str, response_id: str) -> str:
@@ -83,21 +90,21 @@ class ResponseStore:
             ) from err
         if raw is None:
             return None
-        data = json.loads(raw)
-        return StoredResponse(data["response"], data["context"], data["input_items"])
+        # A long conversation is megabytes of JSON: decoded off the loop (services/edge/offload.py).
+        data = await off_loop(json.loads, raw) if len(raw) > OFF_LOOP_BYTES else json.loads(raw)
+        return StoredResponse(data["response"], data["context"], data["input_items"], len(raw))
 
-    async def put(self, tenant_id: str, stored: StoredResponse) -> bool:
+    async def put(self, tenant_id: str, stored: StoredResponse, *, size_hint: int = 0) -> bool:
         """Store ``stored``; False (and a log line) when it is too large or Redis fails: the
-        answer is still sent, saying ``store: false``."""
+        answer is still sent, saying ``store: false``. ``size_hint`` (the bytes the caller
+        knows the conversation to hold) sends a large record's encoding off the loop."""
         response_id = stored.response["id"]
-        raw = json.dumps(
-            {
-                "response": stored.response,
-                "context": stored.context,
-                "input_items": stored.input_items,
-            },
-            separators=(",", ":"),
-        )
+        record = {
+            "response": stored.response,
+            "context": stored.context,
+            "input_items": stored.input_items,
+        }
+        raw = await off_loop(_encoded, record) if size_hint > OFF_LOOP_BYTES else _encoded(record)
         if len(raw) > MAX_RECORD_BYTES:
             event(
                 log,

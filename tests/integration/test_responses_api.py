@@ -7,6 +7,7 @@ input items, delete, tenants kept apart) and every refusal naming its field."""
 from __future__ import annotations
 
 import json
+import threading
 from typing import Any
 
 import aiohttp
@@ -309,6 +310,36 @@ async def test_a_refusal_past_validation_names_the_responses_field(stack: Stack)
     assert status == 400, answer
     assert answer["error"]["code"] == "context_length_exceeded"
     assert answer["error"]["param"] == "max_output_tokens", answer
+
+
+async def test_a_long_stored_conversation_is_read_and_checked_off_the_loop(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A turn that goes on from a conversation of 100 KB parses and checks it in the
+    offload thread, as a body that size is (stages/validate.py): the loop serves everyone."""
+    from services.edge.dialects.responses import ResponsesDialect
+
+    threads: list[str] = []
+    translate = ResponsesDialect._translate
+
+    def spy(self: ResponsesDialect, *args: Any) -> None:
+        threads.append(threading.current_thread().name)
+        translate(self, *args)
+
+    monkeypatch.setattr(ResponsesDialect, "_translate", spy)
+    long_input = "Hello" + " " * 100_000 + "there"  # whitespace runs: few tokens in the sim
+    async with client(stack) as c:
+        first = await create(c, model=MODEL, input=long_input, max_output_tokens=2)
+        small = await create(c, model=MODEL, input="short", max_output_tokens=2)
+        second = await create(
+            c, model=MODEL, previous_response_id=first.id, input="And?", max_output_tokens=2
+        )
+        items = await c.responses.input_items.list(second.id)
+    assert second.status == "incomplete"
+    assert small.output_text
+    assert [i.content[0].text for i in items.data] == ["And?"]  # type: ignore[index,union-attr]
+    # the long body, a short one, then the short body going on from the long conversation
+    assert [t.startswith("edge-offload") for t in threads] == [True, False, True]
 
 
 async def test_previous_response_id_goes_on_from_the_stored_conversation(stack: Stack) -> None:

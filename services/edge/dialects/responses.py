@@ -19,6 +19,7 @@ from services.edge.counters import EdgeCounters
 from services.edge.dialects.base import validate_object
 from services.edge.dialects.chat import CHAT
 from services.edge.jsonbody import load_object
+from services.edge.offload import OFF_LOOP_BYTES, off_loop
 from services.edge.openai_responses import (
     RESPONSE_ID,
     ResponsesRequest,
@@ -80,9 +81,23 @@ class ResponsesDialect:
                 code="previous_response_not_found",
             )
         turn.previous = stored.context
+        turn.previous_bytes = stored.size
         turn.pending = False
-        # The stored context counts toward the request's size (its encoded size is checked).
-        size = turn.raw_bytes + len(json.dumps(stored.context))
+        if turn.raw_bytes + stored.size <= OFF_LOOP_BYTES:
+            self._translate_whole(turn, ctx, limits, counters)
+            return
+        # A long conversation is checked off the loop, as a large body is (stages/validate.py).
+        counted = EdgeCounters()
+        try:
+            await off_loop(self._translate_whole, turn, ctx, limits, counted)
+        finally:
+            counters.add(counted)
+
+    def _translate_whole(
+        self, turn: ResponsesTurn, ctx: ChatContext, limits: RequestLimits, counters: EdgeCounters
+    ) -> None:
+        """The stored context counts toward the request's size (its encoded size is checked)."""
+        size = turn.raw_bytes + len(json.dumps(turn.previous))
         self._translate(turn, size, ctx, limits, counters)
 
     def _translate(

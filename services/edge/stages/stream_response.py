@@ -69,7 +69,9 @@ class ResponsesStream(Stream):
             input_items=turn.input_items(ctx.request_id),
         )
         response["store"] = True  # as the stored copy must say (a GET returns it)
-        response["store"] = await self._store.put(ctx.principal.tenant.tenant_id, stored)
+        response["store"] = await self._store.put(
+            ctx.principal.tenant.tenant_id, stored, size_hint=turn.raw_bytes + turn.previous_bytes
+        )
         if response["store"]:
             self._counters.responses_stored += 1
         else:

@@ -17,7 +17,7 @@ from services.edge.counters import EdgeCounters
 from services.edge.dialects.base import Dialect
 from services.edge.dialects.chat import CHAT
 from services.edge.httperrors import RequestTimeout, UnsupportedCharset
-from services.edge.offload import off_loop
+from services.edge.offload import OFF_LOOP_BYTES, off_loop
 from services.edge.pipeline import Next
 from services.edge.request_body import content_coding, decode_body
 from services.edge.request_limits import RequestLimits
@@ -27,7 +27,7 @@ __all__ = ["RequestLimits", "Validate", "session_id"]
 #: Bodies bigger than this are parsed in the offload thread (services/edge/offload.py), not
 #: on the event loop: parsing and checking a few megabytes of tool schemas is pure Python for
 #: a second or more, and every other stream of this process would stall for as long.
-PARSE_OFF_LOOP_BYTES = 64 * 1024
+PARSE_OFF_LOOP_BYTES = OFF_LOOP_BYTES
 
 
 class Validate:
