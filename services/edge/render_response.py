@@ -248,6 +248,7 @@ class ResponseEvents:
         self._created = created
         self._logprobs = logprobs
         self._seq = 0
+        self._started = False
         self._message: _Item | None = None  # the message item text goes to now
         self._calls: dict[int, _Item] = {}  # by the worker's tool-call index
         self._items: list[_Item] = []
@@ -290,6 +291,7 @@ class ResponseEvents:
 
     def start(self) -> bytes:
         """``response.created`` and ``response.in_progress``, in one write."""
+        self._started = True
         response = self._response("in_progress")
         return self._event({"type": "response.created", "response": response}) + self._event(
             {"type": "response.in_progress", "response": response}
@@ -455,7 +457,9 @@ class ResponseEvents:
         return out
 
     def failed(self, err: MeridianError, usage: worker_pb2.Usage | None) -> bytes:
-        """A failure after the headers: an ``error`` event, then ``response.failed``."""
+        """A failure after the headers: an ``error`` event, then ``response.failed`` (after
+        ``response.created`` and ``in_progress`` when it came before the first token)."""
+        opening = b"" if self._started else self.start()
         error = self._event(
             {
                 "type": "error",
@@ -465,4 +469,4 @@ class ResponseEvents:
             }
         )
         response = self._response("failed", usage, error=err)
-        return error + self._event({"type": "response.failed", "response": response})
+        return opening + error + self._event({"type": "response.failed", "response": response})

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
+import openai
 import pytest
 
 from services.edge.upstream.failover import FailoverPolicy
@@ -207,3 +208,59 @@ async def test_keepalive_comments_come_as_often_as_configured_until_the_first_to
     # one comment when the headers go out (0.2 s), then one each 0.1 s until the first token
     # (~0.6 s): at the 10-s default there would be just the first
     assert comments >= 3, (comments, first_data)
+
+
+async def test_a_responses_failure_after_the_headers_is_openais_error_then_response_failed(
+    impatient_stack: Stack,
+) -> None:
+    """The Responses shape of the same failure: ``response.created``, ``in_progress``, an
+    ``error`` event, ``response.failed`` (chat's ``data: {"error"}`` and ``[DONE]`` are not
+    typed events); the SDK yields them as its own event types."""
+    events: list[dict[str, Any]] = []
+    async with (
+        aiohttp.ClientSession() as http,
+        http.post(
+            f"{impatient_stack.base_url}/responses",
+            json={"model": MODEL, "input": PROMPT, "max_output_tokens": 4, "stream": True},
+            headers={"Authorization": f"Bearer {impatient_stack.key}"},
+        ) as resp,
+    ):
+        assert resp.status == 200  # committed before the failure was known
+        kind = None
+        async for line in resp.content:
+            text = line.decode().strip()
+            if text.startswith("event: "):
+                kind = text[7:]
+            elif text.startswith("data: "):
+                payload = json.loads(text[6:])
+                assert payload["type"] == kind
+                events.append(payload)
+    assert [e["type"] for e in events] == [
+        "response.created",
+        "response.in_progress",
+        "error",
+        "response.failed",
+    ]
+    assert [e["sequence_number"] for e in events] == [0, 1, 2, 3]
+    assert events[2]["code"] == "unavailable"
+    assert events[3]["response"]["status"] == "failed"
+    assert "did not produce a first token in time" in events[3]["response"]["error"]["message"]
+
+    sdk = openai.AsyncOpenAI(
+        base_url=impatient_stack.base_url, api_key=impatient_stack.key, max_retries=0
+    )
+    async with sdk:
+        stream = await sdk.responses.create(
+            model=MODEL, input=PROMPT, max_output_tokens=4, stream=True
+        )
+        seen = [event async for event in stream]
+    # the SDK gives the failure as OpenAI's typed events, the last one the failed response
+    assert [e.type for e in seen] == [
+        "response.created",
+        "response.in_progress",
+        "error",
+        "response.failed",
+    ]
+    assert isinstance(seen[-1], openai.types.responses.ResponseFailedEvent)
+    assert seen[-1].response.error is not None
+    assert "did not produce a first token in time" in seen[-1].response.error.message

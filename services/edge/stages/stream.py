@@ -105,6 +105,12 @@ def _track_usage(ctx: ChatContext, chunk: worker_pb2.GenerateChunk) -> None:
     ctx.tokens_used = chunk.usage.prompt_tokens + chunk.usage.completion_tokens
 
 
+def chat_sse_ending(err: MeridianError) -> bytes:
+    """The last events of a chat (or completions) stream that fails after its headers went
+    out: the error in OpenAI's format, then ``[DONE]``."""
+    return sse_data(err.to_openai()) + SSE_DONE
+
+
 class Stream:
     """The terminal stage (see the module docstring)."""
 
@@ -444,13 +450,19 @@ class Stream:
             self._counters.client_disconnects += 1
             raise ClientGone from None
 
-    async def _end_cut(self, ctx: ChatContext, resp: web.StreamResponse, err: Interrupted) -> None:
-        """A stream cut (the drain deadline, its key revoked): its last event says why, then
-        ``[DONE]``, in one write bounded by :data:`CUT_WRITE_TIMEOUT_S` (a client that does
-        not read is cut off)."""
+    async def _end_cut(
+        self,
+        ctx: ChatContext,
+        resp: web.StreamResponse,
+        err: Interrupted,
+        ending: Callable[[MeridianError], bytes] = chat_sse_ending,
+    ) -> None:
+        """A stream cut (the drain deadline, its key revoked): its last events say why
+        (``ending``: chat's error event and ``[DONE]``), in one write bounded by
+        :data:`CUT_WRITE_TIMEOUT_S` (a client that does not read is cut off)."""
         try:
             async with asyncio.timeout(CUT_WRITE_TIMEOUT_S):
-                await resp.write(sse_data(err.to_openai()) + SSE_DONE)
+                await resp.write(ending(err))
         except (TimeoutError, ConnectionError):
             transport = ctx.request.transport
             if transport is not None:
@@ -461,6 +473,7 @@ class Stream:
         ctx: ChatContext,
         opening: asyncio.Future[_Opened],
         headers: Callable[[_Opened], dict[str, str]],
+        ending: Callable[[MeridianError], bytes] = chat_sse_ending,
     ) -> tuple[web.StreamResponse, _Opened] | web.StreamResponse:
         """Wait for ``opening`` (the stream's first chunk); when it is slow, commit the SSE
         headers after ``keepalive_after_s`` and send a keep-alive comment every
@@ -470,7 +483,9 @@ class Stream:
         when it opened in time; or the response alone when the stream has already ended
         here — an error event and ``[DONE]`` after the headers went out, a drain's cut,
         a client that left — and is to be returned as it is. An error before anything was
-        sent (and a drain then) is raised: the client gets a plain JSON error.
+        sent (and a drain then) is raised: the client gets a plain JSON error. ``ending``
+        renders the last events of a stream that fails after its headers (the endpoint's own
+        shape; chat's: an error event and ``[DONE]``).
         """
         resp: web.StreamResponse | None = None
         try:
@@ -489,8 +504,7 @@ class Stream:
                     if resp is None:
                         raise
                     self._counters.stream_errors += 1
-                    await self._write(ctx, resp, sse_data(err.to_openai()))
-                    await self._write(ctx, resp, SSE_DONE)
+                    await self._write(ctx, resp, ending(err))
                     return resp
                 if resp is None:
                     resp = await self._start_sse(ctx, headers(opened))
@@ -500,7 +514,7 @@ class Stream:
         except Interrupted as err:
             if resp is None:
                 raise  # nothing sent yet: a 503
-            await self._end_cut(ctx, resp, err)
+            await self._end_cut(ctx, resp, err, ending)
             return resp
         return resp, opened
 

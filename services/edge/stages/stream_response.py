@@ -130,11 +130,6 @@ class ResponsesStream(Stream):
     ) -> web.StreamResponse:
         turn = ctx.responses
         assert turn is not None, "after validate"
-        opened = await self._open_sse(ctx, opening, lambda up: _route_headers(up, None))
-        if isinstance(opened, web.StreamResponse):
-            return opened  # it ended before its first token
-        resp, upstream = opened
-        stream = migrating(upstream)
         render = ResponseEvents(
             response_id=ctx.request_id,
             req=turn.req,
@@ -142,6 +137,15 @@ class ResponsesStream(Stream):
             logprobs=bool(body.logprobs),
             store=self._wants_store(turn),
         )
+        # A failure after the headers, before the first token (keep-alives went out): the
+        # Responses events for it (response.created, error, response.failed), not chat's.
+        opened = await self._open_sse(
+            ctx, opening, lambda up: _route_headers(up, None), lambda err: render.failed(err, None)
+        )
+        if isinstance(opened, web.StreamResponse):
+            return opened  # it ended before its first token
+        resp, upstream = opened
+        stream = migrating(upstream)
         last = upstream.first
         tool_calls = 0
         try:
@@ -163,7 +167,7 @@ class ResponsesStream(Stream):
                 self._counters.completions += 1
         except Interrupted as err:
             stream.cancel()  # the worker stops now, not after the last write
-            await self._end_cut(ctx, resp, err)
+            await self._end_cut(ctx, resp, err, lambda e: render.failed(e, last.usage))
         except MeridianError as err:
             self._note_failed(ctx, err, stream.migrations)
             with contextlib.suppress(ClientGone):

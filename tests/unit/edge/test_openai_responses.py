@@ -310,6 +310,19 @@ def test_a_failure_after_the_headers_is_an_error_event_then_response_failed() ->
     assert got[-1]["response"]["error"]["message"] == "the worker went away"
 
 
+def test_a_failure_before_the_first_token_still_opens_the_response() -> None:
+    events = ResponseEvents(
+        response_id="resp_ab", req=request(input="x"), created=1, logprobs=False
+    )
+    got = _events(events.failed(Unavailable("no first token in time"), None))
+    assert [(e["type"], e["sequence_number"]) for e in got] == [
+        ("response.created", 0),
+        ("response.in_progress", 1),
+        ("error", 2),
+        ("response.failed", 3),
+    ]
+
+
 def test_an_empty_answer_still_has_one_message() -> None:
     events = ResponseEvents(
         response_id="resp_ab", req=request(input="x"), created=1, logprobs=False
@@ -337,6 +350,7 @@ def test_a_turn_goes_on_from_the_previous_conversation_without_its_instructions(
             "role": "user",
             "content": [{"type": "input_text", "text": "c"}],
             "id": "item_ab_0",
+            "status": "completed",
         }
     ]
 
