@@ -314,7 +314,17 @@ class EpochSentinel(Sentinel):
             self.sentinels[0], self.sentinels[turn] = sentinel, self.sentinels[0]
             return address
         if older:
-            return max(older)[1]
+            epoch, address = max(older)
+            event(
+                log,
+                "redis.sentinel_behind",
+                level=logging.WARNING,
+                master=service_name,
+                epoch=epoch,
+                newest_seen=newest,
+                to=address,
+            )
+            return address
         detail = f" : {', '.join(errors)}" if errors else ""
         raise MasterNotFoundError(f"No master found for {service_name!r}{detail}")
 
@@ -338,6 +348,12 @@ class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
             and (getattr(connection, "host", None), getattr(connection, "port", None))
             != tuple(self.master_address)
         ):
+            event(
+                log,
+                "redis.stale_connection_closed",
+                server=(getattr(connection, "host", None), getattr(connection, "port", None)),
+                primary=self.master_address,
+            )
             await connection.disconnect()
         await super().release(connection)
 

@@ -10,6 +10,7 @@ primary must not be used again once the client knows the new one.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,7 +79,7 @@ async def test_discovery_never_goes_back_to_an_older_configuration(
 
 
 async def test_discovery_uses_an_older_answer_when_no_sentinel_has_a_newer_one(
-    stale_and_fresh: tuple[LoneSentinel, LoneSentinel],
+    stale_and_fresh: tuple[LoneSentinel, LoneSentinel], caplog: pytest.LogCaptureFixture
 ) -> None:
     stale, fresh = stale_and_fresh
     client = sentinel_client(fresh, stale)
@@ -87,14 +88,16 @@ async def test_discovery_uses_an_older_answer_when_no_sentinel_has_a_newer_one(
         assert await sentinels.discover_master(MASTER_NAME) == ("127.0.0.1", fresh.port)
         assert fresh.sentinel is not None
         fresh.sentinel.stop()
-        assert await sentinels.discover_master(MASTER_NAME) == ("127.0.0.1", stale.port)
+        with caplog.at_level(logging.WARNING, logger="meridian.edge.redis"):
+            assert await sentinels.discover_master(MASTER_NAME) == ("127.0.0.1", stale.port)
+        assert [r.getMessage() for r in caplog.records] == ["redis.sentinel_behind"]
         assert await client.set("still", "writes") is True
     finally:
         await close_client(client)
 
 
 async def test_a_connection_to_the_old_primary_is_dropped_when_handed_back(
-    stale_and_fresh: tuple[LoneSentinel, LoneSentinel],
+    stale_and_fresh: tuple[LoneSentinel, LoneSentinel], caplog: pytest.LogCaptureFixture
 ) -> None:
     """redis-py drops only idle connections when it learns of a new primary; one that was
     busy then would go back to the pool still bound to the old one."""
@@ -111,8 +114,10 @@ async def test_a_connection_to_the_old_primary_is_dropped_when_handed_back(
         learnt = await pool.get_master_address()  # type: ignore[no-untyped-call]
         assert learnt == ("127.0.0.1", fresh.port)
         assert busy.is_connected, "redis-py leaves a busy connection where it is"
-        await pool.release(busy)
+        with caplog.at_level(logging.INFO, logger="meridian.edge.redis"):
+            await pool.release(busy)
         assert not busy.is_connected
+        assert "redis.stale_connection_closed" in [r.getMessage() for r in caplog.records]
         await client.set("where", "fresh")
         fresh_node = aioredis.Redis(host="127.0.0.1", port=fresh.port)
         stale_node = aioredis.Redis(host="127.0.0.1", port=stale.port)
