@@ -204,15 +204,16 @@ class ResponsesTurn:
             item.setdefault("id", f"item_{suffix}_{i}")
             if item["type"] in _ITEMS_WITH_STATUS:
                 item.setdefault("status", "completed")
-            if item["type"] == "message" and isinstance(item.get("content"), str):
+            content = item.get("content")
+            if item["type"] == "message" and isinstance(content, str):
                 kind = "output_text" if item.get("role") == "assistant" else "input_text"
-                item["content"] = [{"type": kind, "text": item["content"]}]
-            if item["type"] == "message" and isinstance(item.get("content"), list):
+                content = [{"type": kind, "text": content}]
+            if item["type"] == "message" and isinstance(content, list):
                 item["content"] = [
                     {**part, "annotations": part.get("annotations", [])}
                     if isinstance(part, dict) and part.get("type") == "output_text"
                     else part
-                    for part in item["content"]
+                    for part in content
                 ]
             out.append(item)
         return out

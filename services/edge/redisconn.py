@@ -341,19 +341,10 @@ class BlockingSentinelPool(SentinelConnectionPool, BlockingConnectionPool):
     """
 
     async def release(self, connection: AbstractConnection) -> None:
-        if (
-            self.is_master
-            and self.master_address is not None
-            and connection.is_connected
-            and (getattr(connection, "host", None), getattr(connection, "port", None))
-            != tuple(self.master_address)
-        ):
-            event(
-                log,
-                "redis.stale_connection_closed",
-                server=(getattr(connection, "host", None), getattr(connection, "port", None)),
-                primary=self.master_address,
-            )
+        server = (getattr(connection, "host", None), getattr(connection, "port", None))
+        primary = self.master_address
+        if self.is_master and primary is not None and connection.is_connected and server != primary:
+            event(log, "redis.stale_connection_closed", server=server, primary=primary)
             await connection.disconnect()
         await super().release(connection)
 

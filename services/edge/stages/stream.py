@@ -377,8 +377,7 @@ class Stream:
         except MeridianError as err:
             self._note_failed(ctx, err, stream.migrations)
             with contextlib.suppress(ClientGone):
-                await self._write(ctx, resp, sse_data(err.to_openai()))
-                await self._write(ctx, resp, SSE_DONE)
+                await self._write(ctx, resp, chat_sse_ending(err))
         except ClientGone:
             pass
         finally:

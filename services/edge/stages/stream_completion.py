@@ -29,14 +29,20 @@ from services.edge.httperrors import Interrupted
 from services.edge.offload import answer_items, json_answer
 from services.edge.openai_completions import CompletionRequest
 from services.edge.openai_types import now_s
-from services.edge.render import FINISH_REASONS, SSE_DONE, sse_data
+from services.edge.render import FINISH_REASONS, SSE_DONE
 from services.edge.render_completion import (
     CompletionChunkRenderer,
     LogprobsBuilder,
     choice,
     completion_body,
 )
-from services.edge.stages.stream import ClientGone, Stream, _fingerprint, _route_headers
+from services.edge.stages.stream import (
+    ClientGone,
+    Stream,
+    _fingerprint,
+    _route_headers,
+    chat_sse_ending,
+)
 from services.edge.upstream import protos
 from services.edge.upstream.failover import UpstreamStream, open_stream
 
@@ -310,8 +316,7 @@ class CompletionStream(Stream):
                 error=err.message,
             )
             with contextlib.suppress(ClientGone):
-                await self._write(ctx, resp, sse_data(err.to_openai()))
-                await self._write(ctx, resp, SSE_DONE)
+                await self._write(ctx, resp, chat_sse_ending(err))
         except ClientGone:
             pass
         finally:
