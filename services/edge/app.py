@@ -42,10 +42,11 @@ from services.edge.pipeline import (
     build_chain,
     ordered_middlewares,
 )
-from services.edge.ratelimit.limiter import FailureMode, RateLimiter
+from services.edge.ratelimit.limiter import FailureMode, RateLimiter, RateLimitExceeded
+from services.edge.ratelimit.types import Ask
 from services.edge.redisconn import REDIS_FAILURES, RedisClient
 from services.edge.responses_store import ResponseStore
-from services.edge.stages.admit import Admit
+from services.edge.stages.admit import Admit, scopes_for
 from services.edge.stages.authenticate import Authenticate
 from services.edge.stages.connection_guard import ConnectionGuard
 from services.edge.stages.embed import Embed
@@ -54,7 +55,7 @@ from services.edge.stages.stream import Stream
 from services.edge.stages.stream_completion import CompletionStream
 from services.edge.stages.stream_response import ResponsesStream
 from services.edge.stages.validate import RequestLimits, Validate
-from services.edge.tenancy.auth import Authenticator
+from services.edge.tenancy.auth import Authenticator, Principal
 from services.edge.tenancy.revocation import InFlightRevocation
 from services.edge.upstream.failover import FailoverPolicy
 from services.edge.upstream.resilient_router import ResilientRouter
@@ -235,7 +236,7 @@ async def stored_response(request: web.Request) -> web.Response:
     stored = await store.get(tenant_id, response_id)
     if stored is None:
         raise _no_response(response_id)
-    return web.json_response(stored.response)
+    return web.json_response(stored.response, headers=request[RESPONSE_HEADERS])
 
 
 async def stored_input_items(request: web.Request) -> web.Response:
@@ -244,7 +245,8 @@ async def stored_input_items(request: web.Request) -> web.Response:
     stored = await store.get(tenant_id, response_id)
     if stored is None:
         raise _no_response(response_id)
-    return web.json_response(input_items_page(stored.input_items, request.query))
+    page = input_items_page(stored.input_items, request.query)
+    return web.json_response(page, headers=request[RESPONSE_HEADERS])
 
 
 #: ``limit`` of a list endpoint, as OpenAI bounds it.
@@ -296,7 +298,10 @@ async def delete_stored_response(request: web.Request) -> web.Response:
     store, tenant_id, response_id = await _stored(request)
     if not await store.delete(tenant_id, response_id):
         raise _no_response(response_id)
-    return web.json_response({"id": response_id, "object": "response", "deleted": True})
+    return web.json_response(
+        {"id": response_id, "object": "response", "deleted": True},
+        headers=request[RESPONSE_HEADERS],
+    )
 
 
 async def cancel_response(request: web.Request) -> web.Response:
@@ -314,13 +319,35 @@ async def cancel_response(request: web.Request) -> web.Response:
 
 async def _stored(request: web.Request) -> tuple[ResponseStore, str, str]:
     """The store, the caller's tenant (its key checked first, as on every API route) and the
-    id asked for; an id this edge cannot have given, or no store, is a 404 at once."""
+    id asked for; an id this edge cannot have given, or no store, is a 404 at once.
+
+    Each call is one request of the key's and the tenant's limits (no tokens): reading stored
+    conversations (up to 8 MiB each) costs Redis and this edge as much as a short completion,
+    so a key may not do it faster than its rpm allows. Over the limit it is a 429 with the
+    usual ``x-ratelimit-*`` and ``retry-after`` headers."""
     deps = request.app[DEPS]
     principal = await deps.auth.from_request(request)
+    await _take_one_request(request, deps.limiter, principal)
     response_id = request.match_info["response_id"][:128]
     if deps.responses is None or not RESPONSE_ID.fullmatch(response_id):
         raise _no_response(response_id)
     return deps.responses, principal.tenant.tenant_id, response_id
+
+
+async def _take_one_request(
+    request: web.Request, limiter: RateLimiter, principal: Principal
+) -> None:
+    """Count one request against the caller's limits, released at once (it holds no stream
+    while the handler runs: a read is not a generation). The limit headers go on the answer,
+    a 429's included."""
+    headers = request.setdefault(RESPONSE_HEADERS, {})
+    try:
+        lease = await limiter.admit(Ask(f"get_{uuid.uuid4().hex}", 0, scopes_for(principal)))
+    except RateLimitExceeded as err:
+        headers.update(err.headers)
+        raise
+    headers.update(lease.headers)
+    limiter.settle(lease, 0)
 
 
 def _no_response(response_id: str) -> NotFound:

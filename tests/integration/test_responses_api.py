@@ -15,6 +15,7 @@ import openai
 import pydantic
 import pytest
 
+from services.edge.tenancy.tenants import Limits
 from tests.integration.conftest import MODEL, Stack
 
 WEATHER: dict[str, Any] = {
@@ -508,3 +509,33 @@ async def test_stored_response_routes_check_the_key_first(stack: Stack) -> None:
         http.get(f"{stack.base_url}/responses/resp_123") as resp,
     ):
         assert resp.status == 401, "the key is checked first, as on every API route"
+
+
+async def test_reading_stored_responses_counts_against_the_keys_request_limit(
+    stack: Stack,
+) -> None:
+    """A key cannot read stored conversations faster than its rpm: each GET (or DELETE) of a
+    stored response is one request, refused past the limit with the usual 429 and headers."""
+    key = await stack.edge.new_key("reader", limits=Limits(rpm=3))
+    async with openai.AsyncOpenAI(base_url=stack.base_url, api_key=key, max_retries=0) as c:
+        stored = await create(c, model=MODEL, input="Keep me", max_output_tokens=2)
+        async with aiohttp.ClientSession() as http:
+            auth = {"Authorization": f"Bearer {key}"}
+            url = f"{stack.base_url}/responses/{stored.id}"
+            async with http.get(url, headers=auth) as first:
+                assert first.status == 200
+                assert first.headers["x-ratelimit-remaining-requests"] == "1"
+            async with http.get(f"{url}/input_items", headers=auth) as second:
+                assert second.status == 200
+                assert second.headers["x-ratelimit-remaining-requests"] == "0"
+            async with http.get(url, headers=auth) as third:
+                body = json.loads(await third.read())
+                assert third.status == 429, body
+                assert body["error"]["type"] == "rate_limit_error", body
+                assert int(third.headers["retry-after"]) > 0
+                assert third.headers["x-ratelimit-limit-requests"] == "3"
+        with pytest.raises(openai.RateLimitError):
+            await c.responses.delete(stored.id)
+    async with client(stack) as unlimited:  # another tenant: its 404, not this one's 429
+        with pytest.raises(openai.NotFoundError):
+            await unlimited.responses.retrieve(stored.id)
