@@ -243,6 +243,7 @@ def chat_body(req: ResponsesRequest, turn: ResponsesTurn | None = None) -> dict[
         turn.input_messages = current
     messages.extend(previous)
     messages.extend(current)
+    _check_every_call_answered(messages)
     body: dict[str, Any] = {"model": req.model, "messages": messages, "stream": req.stream}
     if req.max_output_tokens is not None:
         body["max_completion_tokens"] = req.max_output_tokens
@@ -270,6 +271,22 @@ def chat_body(req: ResponsesRequest, turn: ResponsesTurn | None = None) -> dict[
     elif fmt is not None and fmt.type == "json_object":
         body["response_format"] = {"type": "json_object"}
     return body
+
+
+def _check_every_call_answered(messages: list[dict[str, Any]]) -> None:
+    """As OpenAI's: a function call in the conversation (this input's or a stored turn's)
+    needs its ``function_call_output``. Without one the model would be shown a call that
+    never returned, and chat templates render that differently (some not at all); a client
+    that forgot to send an output is told so instead. (An output without its call is refused
+    by chat's own check, in chat's terms translated back.)"""
+    answered = {m.get("tool_call_id") for m in messages if m["role"] == "tool"}
+    for m in messages:
+        for call in m.get("tool_calls") or ():
+            if call["id"] not in answered:
+                raise InvalidRequest(
+                    f"No tool output found for function call {call['id'][:128]}.",
+                    param="input",
+                )
 
 
 def _input_messages(value: Any) -> list[dict[str, Any]]:

@@ -373,12 +373,22 @@ async def test_a_function_call_is_answered_by_its_output_after_previous_response
         first = await create(
             c, model=MODEL, input="Weather?", tools=[WEATHER], tool_choice="required"
         )
-        [call] = [o for o in first.output if o.type == "function_call"][:1]
+        calls = [o for o in first.output if o.type == "function_call"]
+        assert calls
+        with pytest.raises(openai.BadRequestError) as unanswered:
+            await create(c, model=MODEL, previous_response_id=first.id, input="And?")
+        assert unanswered.value.param == "input"
+        assert f"No tool output found for function call {calls[0].call_id}" in str(
+            unanswered.value
+        )
         second = await create(
             c,
             model=MODEL,
             previous_response_id=first.id,
-            input=[{"type": "function_call_output", "call_id": call.call_id, "output": "rain"}],
+            input=[
+                {"type": "function_call_output", "call_id": call.call_id, "output": "rain"}
+                for call in calls
+            ],
             tools=[WEATHER],
             tool_choice="none",
             max_output_tokens=5,

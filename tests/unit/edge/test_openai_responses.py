@@ -404,3 +404,36 @@ def test_odd_json_types_in_an_item_are_400s_naming_it(item: dict[str, Any], para
     with pytest.raises(InvalidRequest) as raised:
         chat_body(request(input=[item]))
     assert raised.value.param == param
+
+
+def test_a_function_call_without_its_output_is_a_400_naming_the_call() -> None:
+    """As OpenAI's: the model would be shown a call that never returned."""
+    call = {"type": "function_call", "call_id": "call_9", "name": "f", "arguments": "{}"}
+    answered = {"type": "function_call_output", "call_id": "call_9", "output": "ok"}
+    with pytest.raises(InvalidRequest) as raised:
+        chat_body(request(input=[{"role": "user", "content": "q"}, call]))
+    assert raised.value.param == "input"
+    assert str(raised.value) == "No tool output found for function call call_9."
+    chat_body(request(input=[{"role": "user", "content": "q"}, call, answered]))  # answered
+
+
+def test_a_stored_turns_function_call_needs_its_output_in_the_next_input() -> None:
+    previous = [
+        {"role": "user", "content": "q"},
+        {
+            "role": "assistant",
+            "content": None,
+            "tool_calls": [
+                {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+            ],
+        },
+    ]
+    with pytest.raises(InvalidRequest, match="function call call_1"):
+        chat_body(*_turn(request(input="and now?"), previous))
+    output = {"type": "function_call_output", "call_id": "call_1", "output": "42"}
+    body = chat_body(*_turn(request(input=[output]), previous))
+    assert body["messages"][-1] == {"role": "tool", "tool_call_id": "call_1", "content": "42"}
+
+
+def _turn(req: ResponsesRequest, previous: list[dict[str, Any]]) -> tuple[Any, ResponsesTurn]:
+    return req, ResponsesTurn(req, previous=previous)
