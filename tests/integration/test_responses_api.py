@@ -378,9 +378,7 @@ async def test_a_function_call_is_answered_by_its_output_after_previous_response
         with pytest.raises(openai.BadRequestError) as unanswered:
             await create(c, model=MODEL, previous_response_id=first.id, input="And?")
         assert unanswered.value.param == "input"
-        assert f"No tool output found for function call {calls[0].call_id}" in str(
-            unanswered.value
-        )
+        assert f"No tool output found for function call {calls[0].call_id}" in str(unanswered.value)
         second = await create(
             c,
             model=MODEL,

@@ -418,7 +418,7 @@ def test_a_function_call_without_its_output_is_a_400_naming_the_call() -> None:
 
 
 def test_a_stored_turns_function_call_needs_its_output_in_the_next_input() -> None:
-    previous = [
+    previous: list[dict[str, Any]] = [
         {"role": "user", "content": "q"},
         {
             "role": "assistant",
