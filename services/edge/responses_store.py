@@ -55,8 +55,15 @@ class StoredResponse:
     size: int = field(default=0, compare=False)
 
 
-def _encoded(record: dict[str, Any]) -> str:
-    return json.dumps(record, separators=(",", ":"))
+def _encoded(record: dict[str, Any]) -> bytes:
+    """UTF-8 JSON, not ASCII: a conversation in Korean or Japanese is 3 bytes a character
+    rather than the 6 of a ``\\uXXXX`` escape (an emoji 4 rather than 12), so the same
+    ``MAX_RECORD_BYTES`` holds twice the conversation and Redis keeps half. A string with a
+    lone surrogate (valid JSON, not UTF-8) is written escaped instead."""
+    try:
+        return json.dumps(record, separators=(",", ":"), ensure_ascii=False).encode()
+    except UnicodeEncodeError:
+        return json.dumps(record, separators=(",", ":")).encode()
 
 
 def _key(tenant_id: str, response_id: str) -> str:

@@ -57,6 +57,27 @@ async def test_a_record_past_the_limit_is_not_stored(redis: aioredis.Redis) -> N
     assert await store.get("t1", RID) is None
 
 
+async def test_non_ascii_text_is_stored_as_utf8_not_escapes(redis: aioredis.Redis) -> None:
+    """Korean text is 3 bytes a character in the record, not the 6 of a \\uXXXX escape."""
+    store = ResponseStore(redis)
+    text = "안녕하세요 🌏" * 1000
+    assert await store.put("t1", stored(text))
+    raw = await redis.get(f"meridian:resp:{{t1}}:{RID}")
+    assert isinstance(raw, bytes)
+    assert text.encode() in raw
+    got = await store.get("t1", RID)
+    assert got == stored(text)
+    assert got is not None
+    assert got.size == len(raw) < 3 * len(text.encode()), "escapes would make it 4x"
+
+
+async def test_a_lone_surrogate_is_stored_escaped_and_read_back(redis: aioredis.Redis) -> None:
+    """Valid JSON ("\\ud800") but not UTF-8: the record falls back to ASCII escapes."""
+    store = ResponseStore(redis)
+    assert await store.put("t1", stored("a\ud800b"))
+    assert await store.get("t1", RID) == stored("a\ud800b")
+
+
 def _closed_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
