@@ -428,12 +428,10 @@ def test_a_stored_turns_function_call_needs_its_output_in_the_next_input() -> No
             ],
         },
     ]
+    plain = ResponsesTurn(request(input="and now?"), previous=previous)
     with pytest.raises(InvalidRequest, match="function call call_1"):
-        chat_body(*_turn(request(input="and now?"), previous))
+        chat_body(plain.req, plain)
     output = {"type": "function_call_output", "call_id": "call_1", "output": "42"}
-    body = chat_body(*_turn(request(input=[output]), previous))
+    answered = ResponsesTurn(request(input=[output]), previous=previous)
+    body = chat_body(answered.req, answered)
     assert body["messages"][-1] == {"role": "tool", "tool_call_id": "call_1", "content": "42"}
-
-
-def _turn(req: ResponsesRequest, previous: list[dict[str, Any]]) -> tuple[Any, ResponsesTurn]:
-    return req, ResponsesTurn(req, previous=previous)
