@@ -361,9 +361,14 @@ async def embeddings(request: web.Request) -> web.StreamResponse:
 async def _visible_models(request: web.Request) -> list[dict[str, object]]:
     """The models some healthy worker serves, as the caller's tenant may use them: only its
     ``allowed_models`` (when it has a list), each in its ``allowed_regions`` only (a model
-    served nowhere the tenant may run is not listed) — what a request of theirs could reach."""
+    served nowhere the tenant may run is not listed) — what a request of theirs could reach.
+
+    Each call is one request of the key's and the tenant's limits, as a stored-response read
+    is (``_stored``): a key may not list faster than its rpm allows."""
     deps = request.app[DEPS]
-    tenant = (await deps.auth.from_request(request)).tenant
+    principal = await deps.auth.from_request(request)
+    await _take_one_request(request, deps.limiter, principal)
+    tenant = principal.tenant
     served = await deps.router.list_models()
     allowed = set(tenant.allowed_regions)
     out: list[dict[str, object]] = []
@@ -392,7 +397,8 @@ async def _visible_models(request: web.Request) -> list[dict[str, object]]:
 
 
 async def list_models(request: web.Request) -> web.Response:
-    return web.json_response({"object": "list", "data": await _visible_models(request)})
+    data = await _visible_models(request)
+    return web.json_response({"object": "list", "data": data}, headers=request[RESPONSE_HEADERS])
 
 
 async def retrieve_model(request: web.Request) -> web.Response:
@@ -400,7 +406,7 @@ async def retrieve_model(request: web.Request) -> web.Response:
     name = request.match_info["model"]
     for m in await _visible_models(request):
         if m["id"] == name:
-            return web.json_response(m)
+            return web.json_response(m, headers=request[RESPONSE_HEADERS])
     raise ModelNotFound(f"The model '{name[:256]}' does not exist", param="model")
 
 

@@ -10,6 +10,7 @@ import aiohttp
 import openai
 import pytest
 
+from services.edge.tenancy.tenants import Limits
 from tests.integration.conftest import MODEL, Stack
 from tests.support.wait import eventually
 
@@ -149,6 +150,23 @@ async def test_models_say_when_they_came_up_and_keep_saying_it(stack: Stack) -> 
     created = first.data[0].created
     assert now - 3600 < created <= now  # when the stack's workers came up, not 0
     assert again.created == created  # stable while the fleet serves it
+
+
+async def test_listing_models_counts_against_the_keys_request_limit(stack: Stack) -> None:
+    """Each /v1/models call is one request of the key's rpm (it asks the router), with the
+    usual headers, and a 429 past the limit; another key is not affected."""
+    key = await stack.edge.new_key("lister", limits=Limits(rpm=2))
+    async with client(stack, key) as c:
+        listed = await c.models.with_raw_response.list()
+        assert listed.headers["x-ratelimit-remaining-requests"] == "1"
+        one = await c.models.with_raw_response.retrieve(MODEL)
+        assert one.headers["x-ratelimit-remaining-requests"] == "0"
+        with pytest.raises(openai.RateLimitError) as refused:
+            await c.models.list()
+    assert int(refused.value.response.headers["retry-after"]) > 0
+    assert refused.value.response.headers["x-ratelimit-limit-requests"] == "2"
+    async with client(stack) as other:
+        assert [m.id for m in (await other.models.list()).data] == [MODEL]
 
 
 async def test_wrong_key_is_an_authentication_error(stack: Stack) -> None:

@@ -77,6 +77,9 @@ class ViewConfig:
     #: How long a request routed from the view counts as load on its worker, at most.
     assigned_ttl_s: float = 5.0
     failed_for_s: float = 5.0
+    #: How long a model listing is reused: ``/v1/models`` is a GET any key can repeat, and
+    #: each was a call to the router (which walks its whole fleet to answer).
+    models_fresh_s: float = 1.0
 
     def __post_init__(self) -> None:
         if not 0 < self.refresh_every_s <= self.max_age_s:
@@ -89,6 +92,8 @@ class ViewConfig:
             raise ValueError("need assigned_ttl_s > 0")
         if self.failed_for_s < 0:
             raise ValueError("need failed_for_s >= 0")
+        if self.models_fresh_s < 0:
+            raise ValueError("need models_fresh_s >= 0")
 
 
 def _serves(worker: router_pb2.WorkerView, model: str, needs: capabilities.Needs) -> bool:
@@ -172,6 +177,10 @@ class ResilientRouter:
         self._skipped_before = 0  # route_fallback_backed_off when the backoff started
         self._probe: asyncio.Task[None] | None = None
         self._jitter = random.Random()
+        # The last model listing and when it came; the one call for it in flight, if any.
+        self._models: router_pb2.ListModelsResponse | None = None
+        self._models_at = 0.0
+        self._models_call: asyncio.Future[router_pb2.ListModelsResponse] | None = None
 
     @property
     def backed_off(self) -> bool:
@@ -330,6 +339,29 @@ class ResilientRouter:
         self._recoveries += 1
 
     async def list_models(self) -> router_pb2.ListModelsResponse:
+        """The models the fleet serves: a listing younger than ``models_fresh_s`` is reused,
+        and whoever asks while one is on its way waits for that one — a burst of ``/v1/models``
+        from many keys is one router call a second, not one each. A caller that goes away does
+        not cancel the call the others wait on."""
+        fresh = self._models
+        if (
+            fresh is not None
+            and self._clock.monotonic() - self._models_at < self._config.models_fresh_s
+        ):
+            return fresh
+        if self._models_call is None:
+            call = asyncio.ensure_future(self._ask_models())
+            call.add_done_callback(self._models_answered)
+            self._models_call = call
+        return await asyncio.shield(self._models_call)
+
+    def _models_answered(self, call: asyncio.Future[router_pb2.ListModelsResponse]) -> None:
+        self._models_call = None
+        if not call.cancelled() and call.exception() is None:
+            self._models = call.result()
+            self._models_at = self._clock.monotonic()
+
+    async def _ask_models(self) -> router_pb2.ListModelsResponse:
         recoveries = self._recoveries
         try:
             if self._backed_off_at is not None:
@@ -386,6 +418,8 @@ class ResilientRouter:
             self._probe.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._probe
+        if self._models_call is not None:
+            self._models_call.cancel()
         await self.client.close()
 
 

@@ -127,6 +127,7 @@ class Setup:
     router: ResilientRouter
     counters: EdgeCounters
     address: str
+    clock: ManualClock
 
 
 @pytest.fixture
@@ -137,15 +138,16 @@ async def setup() -> AsyncIterator[Setup]:
     port = server.add_insecure_port("127.0.0.1:0")
     await server.start()
     counters = EdgeCounters()
+    clock = ManualClock()
     router = ResilientRouter(
         client=RouterClient(f"127.0.0.1:{port}", timeout_s=0.3),
-        clock=ManualClock(),
+        clock=clock,
         counters=counters,
         config=ViewConfig(backoff_initial_s=0.2, backoff_max_s=0.4, backoff_after=1),
     )
     await router.refresh()  # the view it falls back to
     try:
-        yield Setup(servicer, router, counters, f"127.0.0.1:{port}")
+        yield Setup(servicer, router, counters, f"127.0.0.1:{port}", clock)
     finally:
         servicer.answer()  # let hung handlers end
         await router.close()
@@ -174,6 +176,29 @@ async def test_after_a_timeout_requests_are_routed_from_the_view_without_asking_
     assert (counters.router_unreachable, counters.route_fallback_used) == (1, 6)
     assert counters.route_fallback_backed_off == 5
     assert events(caplog, "router.backoff_started") == 1
+
+
+async def test_a_burst_of_model_listings_is_one_router_call_a_second(setup: Setup) -> None:
+    """/v1/models from many callers at once waits on one call; within ``models_fresh_s`` the
+    answer is reused; after it the router is asked again, and a caller that gives up does not
+    cancel the call the others are waiting on."""
+    router, servicer = setup.router, setup.servicer
+    servicer.hang()
+    waiting = [asyncio.create_task(router.list_models()) for _ in range(20)]
+    await eventually(lambda: servicer.models == 1)
+    waiting[0].cancel()  # one client goes away
+    servicer.answer()
+    answers = await asyncio.gather(*waiting[1:])
+    assert {tuple(m.name for m in a.models) for a in answers} == {("m",)}
+    assert servicer.models == 1
+    setup.clock.advance(0.9)
+    await router.list_models()
+    assert servicer.models == 1  # still fresh
+    setup.clock.advance(0.2)
+    servicer.view.workers[0].load.models.add(name="new", state=worker_pb2.MODEL_STATE_READY)
+    listed = await router.list_models()
+    assert servicer.models == 2
+    assert "new" in {m.name for m in listed.models}
 
 
 async def test_one_probe_asks_a_hung_router_and_requests_do_not_wait_for_it(
