@@ -60,6 +60,7 @@ ROUTER_OUTCOMES_REFUSED: Final = "meridian.router.outcomes.refused"  # malformed
 # --- worker ---------------------------------------------------------------------------------
 WORKER_REQUESTS: Final = "meridian.worker.requests"  # by FINISH
 WORKER_TOOL_CALLS: Final = "meridian.worker.tool_calls"  # tool calls the engine returned
+WORKER_DROPPED_MESSAGES: Final = "meridian.worker.dropped_messages"  # truncate_oldest
 EDGE_TOOL_CALLS: Final = "meridian.edge.tool_calls"  # tool calls sent to clients
 EDGE_FEATURE_REQUESTS: Final = "meridian.edge.feature_requests"  # by FEATURE
 FEATURE: Final = "meridian.feature"  # tools | json_object | json_schema | n

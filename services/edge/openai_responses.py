@@ -247,7 +247,7 @@ def chat_body(req: ResponsesRequest, turn: ResponsesTurn | None = None) -> dict[
     body: dict[str, Any] = {"model": req.model, "messages": messages, "stream": req.stream}
     if req.max_output_tokens is not None:
         body["max_completion_tokens"] = req.max_output_tokens
-    for name in ("temperature", "top_p", "parallel_tool_calls", "user", "seed"):
+    for name in ("temperature", "top_p", "parallel_tool_calls", "user", "seed", "truncation"):
         value = getattr(req, name)
         if value is not None:
             body[name] = value

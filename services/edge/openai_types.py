@@ -317,6 +317,10 @@ class ChatCompletionRequest(BaseModel):
     modalities: Annotated[list[Literal["text"]], Field(max_length=1)] | None = None
     # Meridian extension: keep generating past end-of-sequence (benchmarks).
     ignore_eos: StrictBool = False
+    # Meridian extension, the Responses API's own: "auto" drops the oldest messages (after the
+    # system/developer ones) until the prompt fits the model's context beside max_tokens,
+    # instead of a context_length_exceeded error (services/worker/truncation.py).
+    truncation: Literal["auto", "disabled"] | None = None
 
     @field_validator(
         "temperature",

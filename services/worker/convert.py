@@ -237,6 +237,7 @@ def request_from_pb(pb: worker_pb2.GenerateRequest, *, traceparent: str = "") ->
         ),
         response_format=response_format_from_pb(pb.response_format),
         resume=resume_from_pb(pb, sampling) if pb.HasField("resume") else None,
+        truncate_oldest=pb.truncate_oldest,
         traceparent=traceparent,
     )
 

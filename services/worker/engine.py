@@ -184,6 +184,9 @@ class EngineRequest:
     prompt: RawPrompt | None = None  # a completions request: used instead of ``messages``
     echo: bool = False  # completions: return the prompt with the first output
     resume: ResumeInput | None = None
+    #: Drop the oldest turns until the prompt fits the context (Responses' truncation
+    #: "auto"; services/worker/truncation.py) instead of refusing a prompt that does not.
+    truncate_oldest: bool = False
     #: W3C ``traceparent`` of the worker's ``worker.Generate`` span ("" when not traced), for
     #: engines whose own spans and outgoing calls join the request's trace.
     traceparent: str = ""
@@ -243,6 +246,7 @@ class EngineOutput:
     handoff: bool = False
     prompt_text: str = ""  # echo: the prompt, on the first output only
     prompt_logprobs: tuple[TokenLogprob, ...] = ()  # echo with logprobs, first output only
+    dropped_messages: int = 0  # truncate_oldest: messages left out of the prompt, first output
 
 
 @dataclass(frozen=True, slots=True)

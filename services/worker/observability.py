@@ -52,6 +52,11 @@ class WorkerTelemetry:
         self.tool_calls = meter.create_counter(
             mn.WORKER_TOOL_CALLS, unit="{call}", description="Tool calls the engine returned"
         )
+        self.dropped_messages = meter.create_counter(
+            mn.WORKER_DROPPED_MESSAGES,
+            unit="{message}",
+            description="Oldest messages dropped for prompts to fit (truncation auto)",
+        )
         self.embed_duration = meter.create_histogram(
             mn.WORKER_EMBED_DURATION, unit="s", description="Embed calls, arrival to answer"
         )
@@ -97,6 +102,9 @@ class WorkerTelemetry:
 
     def record_tool_calls(self, *, model: str, calls: int) -> None:
         self.tool_calls.add(calls, {**self._attrs, mn.MODEL: model})
+
+    def record_dropped_messages(self, *, model: str, messages: int) -> None:
+        self.dropped_messages.add(messages, {**self._attrs, mn.MODEL: model})
 
     def record(
         self,

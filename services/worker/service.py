@@ -36,7 +36,7 @@ from services.common.tracecontext import extract_metadata
 from services.worker import convert
 from services.worker.admissions import AdmissionLog
 from services.worker.choices import UsageTotals, choice_requests, interleave
-from services.worker.engine import Engine, EngineOutput, FinishReason, ModelState
+from services.worker.engine import Engine, EngineOutput, EngineRequest, FinishReason, ModelState
 from services.worker.mux import MuxSession
 from services.worker.observability import WorkerTelemetry
 from services.worker.split import split_output, too_large
@@ -177,6 +177,7 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         finish = "cancelled"
         totals = UsageTotals(choices=n)
         tool_calls = 0
+        dropped = 0  # truncate_oldest: messages the engine left out (once, whatever n is)
         if engine_request.tools or n > 1 or engine_request.response_format.type != "text":
             span.set_attribute("meridian.n", n)
             span.set_attribute("meridian.tools.count", len(engine_request.tools))
@@ -192,6 +193,9 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
                         totals.add(index, out)
                     if out.tool_calls:
                         tool_calls += sum(1 for c in out.tool_calls if c.id)
+                    if out.dropped_messages and not dropped:
+                        dropped = out.dropped_messages
+                        self._dropped(span, engine_request, dropped, out.prompt_tokens)
                     if out.text or out.token_ids:
                         last_at = time.monotonic()
                         if first_at is None:
@@ -487,6 +491,23 @@ class WorkerService(worker_pb2_grpc.WorkerServicer):
         tasks = {*self._streams, *self._inflight.values()}
         if tasks:
             await asyncio.wait(tasks, timeout=timeout_s)
+
+    def _dropped(
+        self, span: trace.Span, request: EngineRequest, dropped: int, prompt_tokens: int
+    ) -> None:
+        """The engine left the oldest ``dropped`` messages out to fit the context
+        (``truncate_oldest``): said on the span, counted, and logged with the trace id."""
+        span.set_attribute("meridian.prompt.dropped_messages", dropped)
+        self.telemetry.record_dropped_messages(model=request.model, messages=dropped)
+        with trace.use_span(span, end_on_exit=False):
+            event(
+                log,
+                "generate.truncated",
+                request_id=request.request_id,
+                dropped_messages=dropped,
+                kept_messages=len(request.messages) - dropped,
+                prompt_tokens=prompt_tokens,
+            )
 
     def _admit(self, model: str) -> None:
         if self._draining:

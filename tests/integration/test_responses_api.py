@@ -313,6 +313,35 @@ async def test_a_refusal_past_validation_names_the_responses_field(stack: Stack)
     assert answer["error"]["param"] == "max_output_tokens", answer
 
 
+async def test_truncation_auto_drops_the_oldest_turns_to_fit_the_context(stack: Stack) -> None:
+    """A conversation past the context (8,192 tokens in the sim) is refused by default; with
+    truncation "auto" its oldest turns are dropped — the instructions stay — and it is
+    answered, its usage the kept prompt's. Chat takes the same field (Meridian's extension)."""
+    turns = [
+        {"role": "user", "content": " ".join(["history"] * 9000)},
+        {"role": "assistant", "content": "Noted."},
+        {"role": "user", "content": "What now?"},
+    ]
+    body = {"model": MODEL, "input": turns, "instructions": "Be brief.", "max_output_tokens": 4}
+    status, refused = await post(stack, body)
+    assert status == 400, refused
+    assert refused["error"]["code"] == "context_length_exceeded"
+    status, answer = await post(stack, {**body, "truncation": "auto"})
+    assert status == 200, answer
+    assert answer["truncation"] == "auto"
+    assert answer["usage"]["output_tokens"] == 4
+    assert 0 < answer["usage"]["input_tokens"] < 64  # "Be brief." and "What now?"
+    async with client(stack) as c:
+        chat = await c.chat.completions.create(
+            model=MODEL,
+            messages=turns,  # type: ignore[arg-type]
+            max_tokens=4,
+            extra_body={"truncation": "auto"},
+        )
+    assert chat.usage is not None
+    assert 0 < chat.usage.prompt_tokens < 64
+
+
 async def test_a_long_stored_conversation_is_read_and_checked_off_the_loop(
     stack: Stack, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -188,6 +188,54 @@ async def test_upstream_refusals_become_meridian_errors(
     assert engine.in_flight() == frozenset()
 
 
+LONG_TALK = (
+    ChatTurn(role="system", content="be brief now"),
+    ChatTurn(role="user", content=" ".join(["old"] * 30)),
+    ChatTurn(role="assistant", content=" ".join(["answer"] * 10)),
+    ChatTurn(role="user", content=" ".join(["new"] * 20)),
+)
+
+
+def long_talk(*, truncate: bool) -> EngineRequest:
+    return EngineRequest(
+        request_id="r1",
+        model="up-model",
+        messages=LONG_TALK,
+        sampling=SamplingOptions(max_tokens=3),
+        truncate_oldest=truncate,
+    )
+
+
+async def test_truncation_drops_the_oldest_turns_the_upstreams_tokenizer_counts() -> None:
+    """A conversation the upstream refuses for its length goes again without its oldest
+    turns — as few as its /tokenize says make it fit — and the first output says how many."""
+    async with FakeUpstream(tokens=3, context_words=50) as up, running(up) as engine:
+        outs = await collect(engine, long_talk(truncate=True))
+        assert outs[0].dropped_messages == 2
+        assert [o.dropped_messages for o in outs[1:]] == [0] * (len(outs) - 1)
+        assert outs[-1].finish_reason is FinishReason.LENGTH
+        refused, served = (r.body["messages"] for r in up.received)
+        assert len(refused) == 4
+        assert served == [
+            {"role": "system", "content": "be brief now"},
+            {"role": "user", "content": " ".join(["new"] * 20)},
+        ]
+        assert 2 <= up.tokenized <= 3  # the whole, then a bisection over two user starts
+
+
+async def test_without_truncation_or_a_tokenizer_the_upstreams_refusal_stands() -> None:
+    async with FakeUpstream(context_words=50) as up, running(up) as engine:
+        with pytest.raises(ContextLengthExceeded):
+            await collect(engine, long_talk(truncate=False))
+        assert (len(up.received), up.tokenized) == (1, 0)
+    async with FakeUpstream(context_words=50, tokenize=False) as up, running(up) as engine:
+        with pytest.raises(ContextLengthExceeded) as refused:
+            await collect(engine, long_talk(truncate=True))
+        assert "POST /tokenize" in refused.value.message
+        assert "maximum context length is 50" in refused.value.message
+        assert len(up.received) == 1
+
+
 async def test_an_unknown_model_is_refused_before_anything_is_sent() -> None:
     async with FakeUpstream() as up, running(up) as engine:
         with pytest.raises(ModelNotFound) as info:
@@ -369,6 +417,46 @@ async def test_the_upstream_hop_has_a_span_metrics_and_a_log_line_with_the_trace
     (done,) = [line for line in lines.lines if line["event"] == "upstream.done"]
     assert done["trace_id"] == trace_id
     assert done["outcome"] == "ok"
+
+
+async def test_a_truncated_prompt_has_its_span_attribute_metric_and_log_line() -> None:
+    lines = _JsonLines()
+    worker_log = logging.getLogger("meridian.worker")
+    worker_log.addHandler(lines)
+    worker_log.setLevel(logging.INFO)
+    spans = InMemorySpanExporter()
+    tel = telemetry.setup("worker", env={}, span_exporter=spans)
+    async with FakeUpstream(tokens=3, context_words=50) as up:
+        server = WorkerServer(
+            config=WorkerConfig(worker_id="w1", region="kr", stop_grace_s=0.0),
+            engine=UpstreamEngine(UpstreamConfig(base_url=up.base_url)),
+            telemetry=tel,
+        )
+        await server.start()
+        try:
+            await server.wait_loaded()
+            async with grpc.aio.insecure_channel(server.address) as channel:
+                req = worker_pb2.GenerateRequest(
+                    request_id="t1", model="up-model", truncate_oldest=True
+                )
+                req.sampling.max_tokens = 3
+                for turn in LONG_TALK:
+                    req.messages.add(role=turn.role, content=turn.content)
+                chunks = [c async for c in worker_pb2_grpc.WorkerStub(channel).Generate(req)]
+            assert chunks[-1].usage.completion_tokens == 3
+        finally:
+            await server.stop()
+            worker_log.removeHandler(lines)
+            worker_log.setLevel(logging.NOTSET)
+    exported = tel.prometheus_text()
+    tel.shutdown()
+    (generate,) = [s for s in spans.get_finished_spans() if s.name == "worker.Generate"]
+    assert generate.attributes is not None
+    assert generate.attributes["meridian.prompt.dropped_messages"] == 2
+    assert b"meridian_worker_dropped_messages_total" in exported
+    (noted,) = [line for line in lines.lines if line["event"] == "generate.truncated"]
+    assert noted["trace_id"] == format(generate.context.trace_id, "032x")
+    assert (noted["dropped_messages"], noted["kept_messages"]) == (2, 2)
 
 
 def test_the_worker_command_line_rejects_bad_upstream_flags(tmp_path: Path) -> None:

@@ -41,6 +41,12 @@ class FakeUpstream:
     cut_after: int | None = None
     logprobs: bool = False
     metrics_text: str | None = None
+    #: a context length, in words of message content (a word is a token here): a chat request
+    #: over it is refused as vLLM does (400, context_length_exceeded); ``POST /tokenize``
+    #: counts; None: no limit, and no /tokenize (404)
+    context_words: int | None = None
+    tokenize: bool = True  # answer POST /tokenize (when context_words is set)
+    tokenized: int = 0  # /tokenize calls answered
     received: list[Received] = field(default_factory=list)
     disconnected: asyncio.Event = field(default_factory=asyncio.Event)
     streaming: asyncio.Event = field(default_factory=asyncio.Event)
@@ -56,6 +62,7 @@ class FakeUpstream:
         app.router.add_get("/v1/models", self._models)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_get("/metrics", self._metrics)
+        app.router.add_post("/tokenize", self._tokenize)
         self._runner = web.AppRunner(app, handle_signals=False)
         await self._runner.setup()
         self.port = free_port()
@@ -88,11 +95,33 @@ class FakeUpstream:
             return web.Response(text="# nothing of vLLM's here\nprocess_cpu_seconds_total 1.0\n")
         return web.Response(text=self.metrics_text)
 
+    @staticmethod
+    def words(messages: list[dict[str, Any]]) -> int:
+        return sum(len(str(m.get("content") or "").split()) for m in messages)
+
+    async def _tokenize(self, request: web.Request) -> web.Response:
+        if self.context_words is None or not self.tokenize:
+            raise web.HTTPNotFound()
+        body = await request.json()
+        self.tokenized += 1
+        count = self.words(body["messages"])
+        return web.json_response({"count": count, "max_model_len": self.context_words})
+
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         body = await request.json()
         self.received.append(Received(body, {k.lower(): v for k, v in request.headers.items()}))
         if not self._authorized(request):
             return web.json_response({"error": {"message": "bad key"}}, status=401)
+        words = self.words(body["messages"])
+        if self.context_words is not None and words + (body.get("max_tokens") or 1) > (
+            self.context_words
+        ):
+            message = (
+                f"This model's maximum context length is {self.context_words} tokens. "
+                f"However, your request has {words} input tokens."
+            )
+            error = {"message": message, "type": "BadRequestError", "param": None, "code": 400}
+            return web.json_response({"error": error}, status=400)
         if self.fail_with is not None:
             status, payload = self.fail_with
             return web.json_response(payload, status=status)

@@ -121,6 +121,31 @@ async def test_a_request_vllm_refuses_is_an_invalid_request(engine: UpstreamEngi
         await drain()
 
 
+async def test_truncation_asks_vllms_tokenize_which_oldest_turns_to_drop(
+    engine: UpstreamEngine,
+) -> None:
+    """vLLM refuses a conversation past its context; with truncate_oldest the worker counts
+    candidates with vLLM's own POST /tokenize and sends the one that fits."""
+    talk = (
+        ChatTurn(role="system", content="Be brief."),
+        ChatTurn(role="user", content="Tell me everything." + " word" * 300),
+        ChatTurn(role="assistant", content="Once upon a time."),
+        ChatTurn(role="user", content="Tell me about the edge of the network."),
+    )
+    request = EngineRequest(
+        request_id="v-trunc",
+        model=SERVED,
+        messages=talk,
+        sampling=SamplingOptions(max_tokens=4, ignore_eos=True),
+        truncate_oldest=True,
+    )
+    async with contextlib.aclosing(engine.generate(request)) as stream:
+        outs = [o async for o in stream]
+    assert outs[0].dropped_messages == 2
+    assert outs[-1].completion_tokens == 4
+    assert 0 < outs[-1].prompt_tokens <= CONTEXT - 4
+
+
 async def test_closing_the_stream_makes_vllm_abort_the_request(engine: UpstreamEngine) -> None:
     await eventually(lambda: engine.upstream_load is not None, timeout_s=10)
     async with contextlib.aclosing(

@@ -8,6 +8,7 @@ cancellation, load), not the words.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import Callable
@@ -276,6 +277,29 @@ async def test_invalid_requests_fail_before_the_first_output_naming_the_param(
 
     assert type(raised.value) is error
     assert raised.value.param == param
+
+
+async def test_truncation_drops_the_oldest_turns_the_models_template_counts(
+    engine: VllmEngine,
+) -> None:
+    """truncate_oldest with the model's own chat template and tokenizer: a conversation past
+    the context loses its oldest turns (the system message stays), as few as make the prompt
+    fit beside max_tokens, and the first output says how many went."""
+    talk = (
+        ChatTurn(role="system", content="Be brief."),
+        ChatTurn(role="user", content=PROMPT + " word" * 300),
+        ChatTurn(role="assistant", content="Once upon a time."),
+        ChatTurn(role="user", content=PROMPT),
+    )
+    with pytest.raises(ContextLengthExceeded):
+        await run(engine, chat(messages=talk, max_tokens=4))
+    truncated = dataclasses.replace(
+        chat(messages=talk, max_tokens=4, ignore_eos=True), truncate_oldest=True
+    )
+    outputs = await run(engine, truncated)
+    assert outputs[0].dropped_messages == 2
+    assert 0 < outputs[-1].prompt_tokens <= 256 - 4
+    assert outputs[-1].completion_tokens == 4
 
 
 async def test_cancelling_the_consumer_aborts_in_the_engine_within_a_few_steps(

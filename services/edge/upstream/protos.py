@@ -71,6 +71,7 @@ def chat_payload(body: ChatCompletionRequest) -> worker_pb2.GenerateRequest:
 
 
 def _add_payload(body: ChatCompletionRequest, req: worker_pb2.GenerateRequest) -> None:
+    req.truncate_oldest = body.truncation == "auto"
     for m in body.messages:
         msg = req.messages.add(role=m.role, content=m.text(), name=m.name or "")
         if m.tool_calls:

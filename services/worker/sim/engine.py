@@ -210,17 +210,21 @@ class SimEngine:
         if self._state is not ModelState.READY:
             self._scheduler.check(request)  # a request that can never succeed says so first
             raise Unavailable(f"model {request.model!r} is {self._state.value}")
-        self._scheduler.add(request, self._clock.monotonic())
+        seq = self._scheduler.add(request, self._clock.monotonic())
         collector = _Collector()
         self._collectors[request.request_id] = collector
         self._wake.set()
         echo = request.echo and request.prompt is not None
+        dropped = seq.dropped_messages  # said on the first output
         try:
             while True:
                 out = await collector.get()
                 if echo:
                     echo = False
                     out = self._with_echo(out, request)
+                if dropped:
+                    out = dataclasses.replace(out, dropped_messages=dropped)
+                    dropped = 0
                 yield out
                 if out.finish_reason is not None:
                     return

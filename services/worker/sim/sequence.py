@@ -52,6 +52,8 @@ class SimSequence:
     """Tools / structured output: the answer decided up front (services/worker/sim/script.py)."""
     min_tokens: int = 0
     stop_token_ids: frozenset[int] = frozenset()
+    dropped_messages: int = 0
+    """``truncate_oldest``: the oldest messages left out of the prompt to fit the context."""
 
     state: SeqState = SeqState.WAITING
     output_ids: list[int] = field(default_factory=list)

@@ -29,6 +29,7 @@ import random
 
 from services.common.errors import ContextLengthExceeded, InvalidRequest, ModelNotFound
 from services.worker.engine import (
+    ChatTurn,
     EngineRequest,
     RawPrompt,
     ResumeInput,
@@ -46,6 +47,7 @@ from services.worker.sim.text import (
     split_pieces,
     tokenize,
 )
+from services.worker.truncation import fit_oldest, max_prompt_tokens
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 MAX_TOP_LOGPROBS = 20
@@ -126,7 +128,7 @@ def build_sequence(
             raise InvalidRequest("this model does not serve completions", param="prompt")
         check_sampling(sampling)
         prompt_text, prompt_ids = raw_prompt(request.prompt)
-        where = "prompt"
+        where, dropped = "prompt", 0
     else:
         if not request.messages:
             raise InvalidRequest("messages must contain at least one message", param="messages")
@@ -137,8 +139,7 @@ def build_sequence(
                     param="messages",
                 )
         check_sampling(sampling)
-        prompt_text = render_chat(request.messages, tools=request.tools)
-        prompt_ids = tokenize(prompt_text)
+        prompt_text, prompt_ids, dropped = _chat_prompt(request, config.max_model_len)
         where = "messages"
     limit = config.max_model_len
     if not prompt_ids:
@@ -192,10 +193,29 @@ def build_sequence(
         script=script,
         min_tokens=sampling.min_tokens or 0,
         stop_token_ids=frozenset(sampling.stop_token_ids),
+        dropped_messages=dropped,
     )
     if request.resume is not None:
         resume_sequence(seq, request.resume)
     return seq
+
+
+def _chat_prompt(request: EngineRequest, limit: int) -> tuple[str, list[int], int]:
+    """The chat prompt's text and token ids, and how many of the oldest messages were left
+    out of it: with ``truncate_oldest``, as few as make it fit beside ``max_tokens``
+    (services/worker/truncation.py); otherwise none (the caller refuses a prompt too long)."""
+
+    def measure(messages: tuple[ChatTurn, ...]) -> tuple[str, list[int]]:
+        text = render_chat(messages, tools=request.tools)
+        return text, tokenize(text)
+
+    if not request.truncate_oldest:
+        text, ids = measure(request.messages)
+        return text, ids, 0
+    longest = max_prompt_tokens(limit, request.sampling.max_tokens)
+    fitted = fit_oldest(request.messages, measure, lambda m: len(m[1]) <= longest)
+    text, ids = fitted.measured
+    return text, ids, fitted.dropped
 
 
 def resume_sequence(seq: SimSequence, resume: ResumeInput) -> None:

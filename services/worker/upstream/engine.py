@@ -11,7 +11,9 @@ One request (``generate``): model, id and messages are checked before anything i
 (``ModelNotFound``, ``InvalidRequest``); at most ``max_concurrency`` streams are open upstream
 at once (the rest wait here, as ``waiting``); the request goes out as a streaming chat
 completion with ``include_usage`` (services/worker/upstream/wire.py), a refusal comes back as
-Meridian's error for it (errors.py), and each socket read's worth of SSE events becomes one
+Meridian's error for it (errors.py) — one for the prompt's length, with ``truncate_oldest``, is
+sent again without the oldest turns its ``/tokenize`` says must go (truncate.py) — and each
+socket read's worth of SSE events becomes one
 :class:`EngineOutput` — one token at a time while the worker keeps up, merged when it is
 behind. The last output carries the upstream's own usage and finish reason.
 
@@ -29,6 +31,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import logging
 from collections import deque
@@ -40,6 +43,7 @@ import aiohttp
 
 from services.common.clock import SYSTEM_CLOCK, Clock
 from services.common.errors import (
+    ContextLengthExceeded,
     InvalidRequest,
     MeridianError,
     ModelNotFound,
@@ -63,6 +67,7 @@ from services.worker.upstream.config import UpstreamConfig
 from services.worker.upstream.scrape import MAX_METRICS_BYTES, UpstreamLoad, parse_vllm_metrics
 from services.worker.upstream.sse import SseError, SseParser
 from services.worker.upstream.telemetry import UpstreamTelemetry
+from services.worker.upstream.truncate import fit_upstream
 from services.worker.upstream.wire import StreamAssembler, request_body
 
 if TYPE_CHECKING:
@@ -412,6 +417,7 @@ class UpstreamEngine:
         first_at: float | None = None
         outcome, error = "cancelled", None
         assembler = StreamAssembler()
+        dropped = 0  # truncate_oldest: the oldest messages fit_upstream left out
         try:
             self._waiting += 1
             try:
@@ -424,7 +430,26 @@ class UpstreamEngine:
                     outcome = "aborted"
                     yield self._aborted(assembler)
                     return
-                resp = await self._open(session, url, request, upstream_model, span)
+                try:
+                    resp = await self._open(session, url, request, upstream_model, span)
+                except ContextLengthExceeded as refusal:
+                    if not request.truncate_oldest:
+                        raise
+                    request, dropped = await fit_upstream(
+                        session,
+                        origin=self.config.origin,
+                        upstream_model=upstream_model,
+                        request=request,
+                        max_model_len=self._max_len.get(request.model, 0),
+                        refusal=refusal,
+                        timeout_s=self.config.connect_timeout_s,
+                    )
+                    if stream.was_aborted():
+                        outcome = "aborted"
+                        yield self._aborted(assembler)
+                        return
+                    # Refused again (the upstream counts differently): its refusal stands.
+                    resp = await self._open(session, url, request, upstream_model, span)
                 stream.response = resp
                 if stream.was_aborted():  # while the request was being sent
                     resp.close()
@@ -459,6 +484,9 @@ class UpstreamEngine:
                         raise UpstreamFailed(f"unreadable upstream stream: {err}") from None
                     if out is None:
                         continue
+                    if dropped:  # said on the first output
+                        out = dataclasses.replace(out, dropped_messages=dropped)
+                        dropped = 0
                     now = self._clock.monotonic()
                     self._rate.add(now, out.completion_tokens - counted)
                     counted = out.completion_tokens

@@ -19,12 +19,27 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from services.common.errors import UpstreamFailed
-from services.worker.engine import EngineOutput, EngineRequest, FinishReason, TokenLogprob
+from services.worker.engine import (
+    ChatTurn,
+    EngineOutput,
+    EngineRequest,
+    FinishReason,
+    TokenLogprob,
+)
 
 _FINISH = {"length": FinishReason.LENGTH, "abort": FinishReason.ABORT}
+
+
+def chat_messages(messages: Sequence[ChatTurn]) -> list[dict[str, str]]:
+    """The conversation as an OpenAI ``messages`` array (role, content, name)."""
+    return [
+        {"role": t.role, "content": t.content, **({"name": t.name} if t.name else {})}
+        for t in messages
+    ]
 
 
 def request_body(request: EngineRequest, upstream_model: str) -> dict[str, Any]:
@@ -32,10 +47,7 @@ def request_body(request: EngineRequest, upstream_model: str) -> dict[str, Any]:
     s = request.sampling
     body: dict[str, Any] = {
         "model": upstream_model,
-        "messages": [
-            {"role": t.role, "content": t.content, **({"name": t.name} if t.name else {})}
-            for t in request.messages
-        ],
+        "messages": chat_messages(request.messages),
         "stream": True,
         "stream_options": {"include_usage": True},
     }

@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import math
 import multiprocessing
@@ -83,7 +84,7 @@ from services.worker.vllm.config import VllmConfig
 from services.worker.vllm.features import FeatureRequest, load_parser, needs_features, schema_error
 from services.worker.vllm.load_window import LoadWindow
 from services.worker.vllm.output import OutputAssembler, prompt_logprobs
-from services.worker.vllm.prompt import render_prompt
+from services.worker.vllm.prompt import fit_prompt, render_prompt
 from services.worker.vllm.request import check_messages, check_sampling, completion_budget
 from services.worker.vllm.resume import (
     TokenText,
@@ -355,12 +356,22 @@ class VllmEngine:
         try:
             tokenizer = llm.get_tokenizer()
             _check_token_ids(len(tokenizer), request.sampling)
+            dropped = 0  # truncate_oldest: said on the first output
             if request.prompt is not None:
                 prompt_ids = _prompt_ids(tokenizer, request.prompt, "prompt")
             else:
-                prompt_ids = await render_prompt(
-                    tokenizer, request.messages, feature.tools if feature else None
-                )
+                tools = feature.tools if feature else None
+                prompt_ids = await render_prompt(tokenizer, request.messages, tools)
+                if request.truncate_oldest:
+                    fitted = await fit_prompt(
+                        tokenizer,
+                        request.messages,
+                        tools,
+                        prompt_ids,
+                        room=self._max_model_len,
+                        max_tokens=request.sampling.max_tokens,
+                    )
+                    prompt_ids, dropped = fitted.measured, fitted.dropped
             max_tokens = completion_budget(
                 prompt_tokens=len(prompt_ids),
                 max_model_len=self._max_model_len,
@@ -397,6 +408,9 @@ class VllmEngine:
             async for output in self._stream(
                 llm, request, prompt_ids, params, feature, carried=carried, continued=continued
             ):
+                if dropped:
+                    output = dataclasses.replace(output, dropped_messages=dropped)
+                    dropped = 0
                 yield output
         finally:
             self._in_flight.discard(request.request_id)

@@ -27,6 +27,7 @@ import jinja2
 
 from services.common.errors import InvalidRequest
 from services.worker.engine import ChatTurn
+from services.worker.truncation import Fitted, fit_oldest, max_prompt_tokens
 
 INLINE_RENDER_MAX_CHARS = 2_000
 
@@ -43,6 +44,35 @@ async def render_prompt(
     if not tools and conversation_chars(messages) <= INLINE_RENDER_MAX_CHARS:
         return render_prompt_sync(tokenizer, messages)
     return await asyncio.to_thread(render_prompt_sync, tokenizer, messages, tools)
+
+
+async def fit_prompt(
+    tokenizer: Any,
+    messages: Sequence[ChatTurn],
+    tools: list[dict[str, Any]] | None,
+    prompt_ids: list[int],
+    *,
+    room: int,
+    max_tokens: int | None,
+) -> Fitted[list[int]]:
+    """``truncate_oldest``: the fewest oldest messages dropped for the prompt to fit ``room``
+    tokens beside ``max_tokens`` (services/worker/truncation.py). ``prompt_ids`` are the whole
+    conversation's; a conversation that fits is not rendered again, one that does not is
+    re-rendered a few times (bisection) in a worker thread, as long renders are."""
+    longest = max_prompt_tokens(room, max_tokens)
+
+    def fits(ids: list[int]) -> bool:
+        return len(ids) <= longest
+
+    if fits(prompt_ids):
+        return Fitted(tuple(messages), prompt_ids, 0)
+    return await asyncio.to_thread(
+        fit_oldest,
+        messages,
+        lambda kept: render_prompt_sync(tokenizer, kept, tools),
+        fits,
+        measured=prompt_ids,
+    )
 
 
 def _message(turn: ChatTurn) -> dict[str, Any]:
