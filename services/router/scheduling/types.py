@@ -1,17 +1,20 @@
 """The data the scheduling framework works on: one request (``RouteQuery``), the router's view of
 each worker at decision time (``WorkerSnapshot``), and the outcome (``Decision``).
 
-These are plain frozen dataclasses so that plugins are pure functions of their inputs and tests
-are tables of inline worker states. The router's fleet builds snapshots from load
+These are plain immutable records (``services.common.records.record``: frozen dataclasses to
+the type checker, without frozen's per-field cost at run time — the router builds a snapshot
+per worker per load report) so that plugins are pure functions of their inputs and tests are
+tables of inline worker states. The router's fleet builds snapshots from load
 reports and probes; the scheduler never touches sockets.
 """
 
 from __future__ import annotations
 
 import enum
-from dataclasses import dataclass, field
+from dataclasses import field
 
 from services.common.capabilities import CHAT, CHAT_ONLY, Capabilities, Needs
+from services.common.records import record
 
 
 class Priority(enum.IntEnum):
@@ -29,7 +32,7 @@ class ModelState(enum.StrEnum):
     FAILED = "failed"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ModelStatus:
     name: str
     state: ModelState
@@ -40,7 +43,7 @@ class ModelStatus:
     created_unix_s: int = 0
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class RouteQuery:
     """One routing question. The prompt itself never reaches the router; only its size and
     hashes of its leading blocks do."""
@@ -60,7 +63,7 @@ class RouteQuery:
     needs: Needs = CHAT  # what the request needs of a worker (the ``capability`` filter)
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class WorkerSnapshot:
     """What this router knows about one worker at one instant.
 
@@ -106,7 +109,7 @@ class WorkerSnapshot:
         return None
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Contribution:
     """One scorer's part in one candidate's total."""
 
@@ -117,14 +120,14 @@ class Contribution:
     detail: str = ""
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class ScoredWorker:
     worker: WorkerSnapshot
     score: float  # Σ weighted, 0..1
     contributions: tuple[Contribution, ...] = ()
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Rejection:
     """A worker a filter removed, and why (for explanations)."""
 
@@ -145,7 +148,7 @@ class NoCandidate(enum.StrEnum):
     UNSUPPORTED = "unsupported"
 
 
-@dataclass(frozen=True, slots=True)
+@record
 class Decision:
     ranked: tuple[ScoredWorker, ...]
     rejected: tuple[Rejection, ...] = ()
