@@ -16,6 +16,10 @@ least the last turn is kept (the last call and its outputs, when the conversatio
 tool outputs): when even that does not fit, the engine refuses the request as it would without
 truncation, for the messages it kept.
 
+Room is kept for the answer: ``max_tokens`` when the request sets it, else a quarter of the
+context (at most 4,096 tokens) — so a conversation that would just fit is still cut when the
+answer would have no room.
+
 The kept run is found by bisection over the possible starts: the prompt's length only shrinks
 as older messages are dropped, so ~log2(messages) renders find the fewest to drop. A
 conversation that fits is measured once, as without truncation.
@@ -45,10 +49,18 @@ class Fitted(Generic[Measured]):
     dropped: int
 
 
+#: With ``max_tokens`` unset, the room truncation keeps for the answer: this share of the
+#: context, at most ``ANSWER_ROOM_MAX`` tokens. Without it the kept prompt could fill the
+#: context to its last token, and the answer would stop after one.
+ANSWER_ROOM_SHARE = 4
+ANSWER_ROOM_MAX = 4096
+
+
 def max_prompt_tokens(max_model_len: int, max_tokens: int | None) -> int:
-    """The longest prompt that fits: room for ``max_tokens`` beside it, or for one token when
-    it is unset (the engines' own checks: a prompt that fills the context leaves no room)."""
-    return max_model_len - (max_tokens or 1)
+    """The longest prompt truncation keeps: room for ``max_tokens`` beside it, or, when it is
+    unset, for a quarter of the context (at most 4,096 tokens)."""
+    room = max_tokens or min(max_model_len // ANSWER_ROOM_SHARE, ANSWER_ROOM_MAX)
+    return max_model_len - max(room, 1)
 
 
 def cuts(messages: Sequence[ChatTurn]) -> tuple[int, list[int], list[int]]:

@@ -13,7 +13,7 @@ from services.worker.engine import ChatTurn, EngineRequest, SamplingOptions, Too
 from services.worker.sim.config import SimConfig
 from services.worker.sim.scheduler import SimScheduler
 from services.worker.sim.text import render_chat, tokenize
-from services.worker.truncation import cuts, fit_oldest, fit_oldest_async
+from services.worker.truncation import cuts, fit_oldest, fit_oldest_async, max_prompt_tokens
 
 
 def turn(
@@ -125,6 +125,13 @@ def test_the_async_search_finds_what_the_sync_one_does() -> None:
         assert got == fit_oldest(CONVERSATION, size, fits)
 
 
+def test_without_max_tokens_room_is_kept_for_a_quarter_of_the_context_at_most_4096() -> None:
+    assert max_prompt_tokens(8192, 16) == 8176
+    assert max_prompt_tokens(8192, None) == 6144
+    assert max_prompt_tokens(131_072, None) == 131_072 - 4096
+    assert max_prompt_tokens(2, None) == 1  # always room for one token
+
+
 # -- the sim engine ---------------------------------------------------------------------------
 
 CONFIG = SimConfig(models=("meridian-sim",), max_model_len=128, kv_cache_tokens=1024)
@@ -159,6 +166,12 @@ def test_the_sim_engine_drops_the_oldest_turns_to_fit_beside_max_tokens() -> Non
     assert seq.prompt_ids == tokenize(render_chat(kept))  # the instructions and newest turns
     one_fewer = (HISTORY[0], *HISTORY[seq.dropped_messages :])
     assert len(tokenize(render_chat(one_fewer))) + 16 > 128  # no more dropped than needed
+
+
+def test_without_max_tokens_the_sim_engine_leaves_a_quarter_of_the_context_to_answer() -> None:
+    seq = SimScheduler(CONFIG).add(sim_request(truncate=True, max_tokens=None), 0.0)
+    assert 0 < len(seq.prompt_ids) <= 128 - 32
+    assert seq.max_tokens >= 32
 
 
 def test_the_sim_engine_still_refuses_a_last_turn_that_cannot_fit() -> None:
