@@ -2,12 +2,16 @@
 :mod:`services.common.grpc_tls`): the local stack, tests, a first try of the flags.
 
     python -m services.common.devca --out DIR [--name edge --name router ...] [--host H ...]
+        [--days N] [--keep-existing]
 
 writes ``DIR/ca.crt`` (and ``DIR/ca.key``) and, for each ``--name``, ``DIR/NAME.crt`` and
 ``DIR/NAME.key``, signed by that CA, valid for client and server use, with the given hosts
 (default ``localhost``, ``127.0.0.1``, ``::1``) as subject alternative names. Keys are written
-0600. ECDSA P-256. For production, use the CA your organisation already runs (cert-manager,
-Vault, a mesh's CA): this one's key sits in a plain file next to the certificates.
+0600. ECDSA P-256. ``--keep-existing`` leaves a folder that already holds the CA and every
+named certificate, signed by it and valid for another day, as it is (the compose stack runs
+this on every ``up``: services still running keep trusting what they loaded). For
+production, use the CA your organisation already runs (cert-manager, Vault, a mesh's CA):
+this one's key sits in a plain file next to the certificates.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cryptography import x509
+from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
@@ -144,7 +149,26 @@ def write_dev_ca(
     return issued
 
 
-def main(argv: list[str] | None = None) -> int:
+def still_valid(out: Path, names: Sequence[str], *, for_s: float = 86_400.0) -> bool:
+    """``out`` holds the CA and each name's certificate and key, each certificate signed by
+    that CA and valid for at least ``for_s`` more seconds."""
+    try:
+        ca = x509.load_pem_x509_certificate((out / "ca.crt").read_bytes())
+        certs = [x509.load_pem_x509_certificate((out / f"{n}.crt").read_bytes()) for n in names]
+        if not all((out / f"{n}.key").is_file() for n in names):
+            return False
+    except (OSError, ValueError):
+        return False
+    until = datetime.datetime.now(datetime.UTC) + datetime.timedelta(seconds=for_s)
+    try:
+        for cert in certs:
+            cert.verify_directly_issued_by(ca)  # this CA's, not an earlier one's of its name
+    except (ValueError, TypeError, InvalidSignature):
+        return False
+    return all(c.not_valid_after_utc > until for c in (ca, *certs))
+
+
+def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m services.common.devca",
         description=__doc__,
@@ -154,15 +178,29 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--name", action="append", dest="names", help="a certificate (repeatable)")
     p.add_argument("--host", action="append", dest="hosts", help="a SAN (repeatable)")
     p.add_argument("--days", type=int, default=30)
+    p.add_argument(
+        "--keep-existing",
+        action="store_true",
+        help="leave --out as it is when it already holds every file, valid for another day",
+    )
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
     args = p.parse_args(argv)
     if not 1 <= args.days <= 825:
         p.error("--days must be 1..825")
     if args.out.exists() and not args.out.is_dir():
         p.error(f"--out {args.out}: not a folder")
+    names = args.names or DEFAULT_NAMES
+    if args.keep_existing and still_valid(args.out, names):
+        print(f"{args.out}: the CA and {', '.join(names)} are still valid; kept")
+        return 0
     try:
         issued = write_dev_ca(
             args.out,
-            names=args.names or DEFAULT_NAMES,
+            names=names,
             hosts=args.hosts or DEFAULT_HOSTS,
             days=args.days,
         )

@@ -26,8 +26,22 @@ def client(running: Running, key: str | None = None) -> openai.OpenAI:
 
 def test_every_service_becomes_healthy(compose_stack: Running) -> None:
     health = compose_stack.stack.health()
+    assert health.pop("certs") == "exited", health  # the one-shot that writes the mTLS files
+    assert compose_stack.stack.container("certs").attrs["State"]["ExitCode"] == 0
     assert health, "no containers"
     assert set(health.values()) == {"healthy"}, health
+
+
+def test_the_grpc_hops_refuse_a_caller_without_a_certificate(compose_stack: Running) -> None:
+    """Mutual TLS on every gRPC port: a plaintext health check from inside the router's own
+    container fails, the same check with its certificate passes."""
+    router = compose_stack.stack.container("router")
+    check = ["python", "-m", "services.common.healthcheck", "grpc", "127.0.0.1:50051"]
+    plain, _ = router.exec_run(check)
+    assert plain != 0
+    tls = ["--grpc-tls-cert", "/certs/router.crt", "--grpc-tls-key", "/certs/router.key"]
+    code, out = router.exec_run([*check, *tls, "--grpc-tls-ca", "/certs/ca.crt"])
+    assert code == 0, out
 
 
 def test_meridian_containers_run_without_privileges(compose_stack: Running) -> None:

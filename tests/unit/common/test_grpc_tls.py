@@ -114,3 +114,28 @@ def test_every_service_refuses_a_bad_tls_flag_before_listening(
         main(argv + bad)  # type: ignore[operator]
     assert exited.value.code == 2
     assert "not the key of the certificate" in capsys.readouterr().err
+
+
+def test_the_dev_ca_keeps_a_complete_valid_folder_and_renews_anything_less(
+    tmp_path: Path,
+) -> None:
+    """``--keep-existing`` (what compose runs on every ``up``): a folder with every file,
+    signed by its CA and valid for another day, is left alone; one missing a name, or whose
+    certificate another CA signed, or expiring, is written anew."""
+    from services.common import devca
+
+    out = tmp_path / "certs"
+    argv = ["--out", str(out), "--name", "edge", "--name", "router", "--keep-existing"]
+    assert devca.main(argv) == 0
+    first = (out / "ca.crt").read_bytes()
+    assert devca.main(argv) == 0
+    assert (out / "ca.crt").read_bytes() == first  # kept
+    assert devca.main([*argv, "--name", "worker"]) == 0
+    renewed = (out / "ca.crt").read_bytes()
+    assert renewed != first  # a name was missing: all written anew
+    other = tmp_path / "other"
+    devca.write_dev_ca(other, names=["router"])
+    (out / "router.crt").write_bytes((other / "router.crt").read_bytes())
+    assert not devca.still_valid(out, ["edge", "router", "worker"])
+    assert devca.still_valid(out, ["edge", "worker"])
+    assert not devca.still_valid(out, ["edge"], for_s=31 * 86_400)  # 30 days by default

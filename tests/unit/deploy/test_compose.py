@@ -27,7 +27,14 @@ def _netem_parser() -> argparse.ArgumentParser:
     return build_parser()
 
 
+def _devca_parser() -> argparse.ArgumentParser:
+    from services.common.devca import build_parser
+
+    return build_parser()
+
+
 PARSERS: dict[str, Callable[[], argparse.ArgumentParser]] = {
+    "services.common.devca": _devca_parser,
     "services.edge": edge_parser,
     "services.router": router_parser,
     "services.worker": worker_parser,
@@ -58,18 +65,57 @@ def test_the_chaos_overlay_keeps_the_routers_command_and_adds_its_debug_endpoint
     assert overlay[len(base) :] == ["--debug-host", "0.0.0.0", "--debug-port", "9151"]
 
 
+CERTS_DONE = {"condition": "service_completed_successfully"}
+
+
 def test_every_service_has_a_health_check_and_waits_for_what_it_needs() -> None:
     core = {n: s for n, s in COMPOSE["services"].items() if not s.get("profiles")}
     for name, svc in core.items():
+        if svc.get("restart") == "no":  # a one-shot: the others wait for it to complete
+            continue
         assert svc.get("healthcheck", {}).get("test"), name
     edge = COMPOSE["services"]["edge"]["depends_on"]
     assert edge == {
+        "certs": CERTS_DONE,
         "redis": {"condition": "service_healthy"},
         "router": {"condition": "service_healthy"},
     }
     assert COMPOSE["services"]["router"]["depends_on"] == {
-        "netem": {"condition": "service_healthy"}
+        "certs": CERTS_DONE,
+        "netem": {"condition": "service_healthy"},
     }
+
+
+def _flag(command: list[str], flag: str) -> str | None:
+    return command[command.index(flag) + 1] if flag in command else None
+
+
+def test_every_grpc_hop_is_mutual_tls_with_the_files_the_certs_service_writes() -> None:
+    certs = COMPOSE["services"]["certs"]["command"]
+    names = {certs[i + 1] for i, a in enumerate(certs) if a == "--name"}
+    hosts = {certs[i + 1] for i, a in enumerate(certs) if a == "--host"}
+    assert "--keep-existing" in certs
+    assert {"router", "netem", "127.0.0.1"} <= hosts  # what the services and checks dial
+    grpc_services = [
+        (n, s)
+        for n, s in COMPOSE["services"].items()
+        if str(s.get("command", [""])[0]) in ("services.edge", "services.router", "services.worker")
+    ]
+    assert len(grpc_services) == 6
+    for name, svc in grpc_services:
+        check = svc["healthcheck"]["test"]
+        for command in (svc["command"], check) if "grpc" in check else (svc["command"],):
+            cert, key = _flag(command, "--grpc-tls-cert"), _flag(command, "--grpc-tls-key")
+            assert _flag(command, "--grpc-tls-ca") == "/certs/ca.crt", name
+            assert cert is not None, name
+            assert key is not None, name
+            role = cert.removeprefix("/certs/").removesuffix(".crt")
+            assert role in names, name
+            assert key == f"/certs/{role}.key", name
+        assert svc["depends_on"]["certs"] == CERTS_DONE, name
+        assert "grpc-certs:/certs:ro" in svc["volumes"], name
+    router_chaos = OVERLAYS["chaos.yml"]["services"]["router"]["command"]
+    assert _flag(router_chaos, "--grpc-tls-cert") == "/certs/router.crt"
 
 
 @pytest.mark.parametrize("name", [n for n, s in COMPOSE["services"].items() if "healthcheck" in s])
