@@ -10,11 +10,13 @@ import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 import openai
 import pytest
+from opentelemetry.sdk.trace import ReadableSpan
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 
 from meridian.v1 import worker_pb2, worker_pb2_grpc
@@ -377,35 +379,53 @@ class _JsonLines(logging.Handler):
         self.lines.append(json.loads(self.format(record)))
 
 
-async def test_the_upstream_hop_has_a_span_metrics_and_a_log_line_with_the_trace_id() -> None:
+@dataclass
+class Observed:
+    """What one Generate through a worker in front of ``up`` left behind."""
+
+    chunks: list[worker_pb2.GenerateChunk]
+    spans: dict[str, ReadableSpan]
+    metrics: bytes
+    log: list[dict[str, object]]
+
+
+async def generate_observed(
+    up: FakeUpstream, req: worker_pb2.GenerateRequest, *, logger: str
+) -> Observed:
+    """``req`` over gRPC to a worker with telemetry, the ``logger``'s JSON lines captured."""
     lines = _JsonLines()
-    upstream_log = logging.getLogger("meridian.worker.upstream")
-    upstream_log.addHandler(lines)
-    upstream_log.setLevel(logging.INFO)
+    log = logging.getLogger(logger)
+    log.addHandler(lines)
+    log.setLevel(logging.INFO)
     spans = InMemorySpanExporter()
     tel = telemetry.setup("worker", env={}, span_exporter=spans)
-    async with FakeUpstream(tokens=3) as up:
-        server = WorkerServer(
-            config=WorkerConfig(worker_id="w1", region="kr", stop_grace_s=0.0),
-            engine=UpstreamEngine(UpstreamConfig(base_url=up.base_url)),
-            telemetry=tel,
-        )
-        await server.start()
-        try:
-            await server.wait_loaded()
-            async with grpc.aio.insecure_channel(server.address) as channel:
-                req = worker_pb2.GenerateRequest(request_id="t1", model="up-model")
-                req.messages.add(role="user", content="Hi")
-                chunks = [c async for c in worker_pb2_grpc.WorkerStub(channel).Generate(req)]
-            assert chunks[-1].usage.completion_tokens == 3
-        finally:
-            await server.stop()
-            upstream_log.removeHandler(lines)
-            upstream_log.setLevel(logging.NOTSET)
+    server = WorkerServer(
+        config=WorkerConfig(worker_id="w1", region="kr", stop_grace_s=0.0),
+        engine=UpstreamEngine(UpstreamConfig(base_url=up.base_url)),
+        telemetry=tel,
+    )
+    await server.start()
+    try:
+        await server.wait_loaded()
+        async with grpc.aio.insecure_channel(server.address) as channel:
+            chunks = [c async for c in worker_pb2_grpc.WorkerStub(channel).Generate(req)]
+    finally:
+        await server.stop()
+        log.removeHandler(lines)
+        log.setLevel(logging.NOTSET)
     exported = tel.prometheus_text()
     tel.shutdown()
     by_name = {s.name: s for s in spans.get_finished_spans()}
-    hop, generate = by_name["worker.upstream"], by_name["worker.Generate"]
+    return Observed(chunks, by_name, exported, lines.lines)
+
+
+async def test_the_upstream_hop_has_a_span_metrics_and_a_log_line_with_the_trace_id() -> None:
+    async with FakeUpstream(tokens=3) as up:
+        req = worker_pb2.GenerateRequest(request_id="t1", model="up-model")
+        req.messages.add(role="user", content="Hi")
+        seen = await generate_observed(up, req, logger="meridian.worker.upstream")
+    assert seen.chunks[-1].usage.completion_tokens == 3
+    hop, generate = seen.spans["worker.upstream"], seen.spans["worker.Generate"]
     assert hop.parent is not None
     assert hop.parent.span_id == generate.context.span_id
     assert hop.attributes is not None
@@ -413,48 +433,25 @@ async def test_the_upstream_hop_has_a_span_metrics_and_a_log_line_with_the_trace
     trace_id = format(hop.context.trace_id, "032x")
     span_id = format(hop.context.span_id, "016x")
     assert up.received[0].headers["traceparent"].startswith(f"00-{trace_id}-{span_id}-")
-    assert b"meridian_worker_upstream_requests_total" in exported
-    (done,) = [line for line in lines.lines if line["event"] == "upstream.done"]
+    assert b"meridian_worker_upstream_requests_total" in seen.metrics
+    (done,) = [line for line in seen.log if line["event"] == "upstream.done"]
     assert done["trace_id"] == trace_id
     assert done["outcome"] == "ok"
 
 
 async def test_a_truncated_prompt_has_its_span_attribute_metric_and_log_line() -> None:
-    lines = _JsonLines()
-    worker_log = logging.getLogger("meridian.worker")
-    worker_log.addHandler(lines)
-    worker_log.setLevel(logging.INFO)
-    spans = InMemorySpanExporter()
-    tel = telemetry.setup("worker", env={}, span_exporter=spans)
     async with FakeUpstream(tokens=3, context_words=50) as up:
-        server = WorkerServer(
-            config=WorkerConfig(worker_id="w1", region="kr", stop_grace_s=0.0),
-            engine=UpstreamEngine(UpstreamConfig(base_url=up.base_url)),
-            telemetry=tel,
-        )
-        await server.start()
-        try:
-            await server.wait_loaded()
-            async with grpc.aio.insecure_channel(server.address) as channel:
-                req = worker_pb2.GenerateRequest(
-                    request_id="t1", model="up-model", truncate_oldest=True
-                )
-                req.sampling.max_tokens = 3
-                for turn in LONG_TALK:
-                    req.messages.add(role=turn.role, content=turn.content)
-                chunks = [c async for c in worker_pb2_grpc.WorkerStub(channel).Generate(req)]
-            assert chunks[-1].usage.completion_tokens == 3
-        finally:
-            await server.stop()
-            worker_log.removeHandler(lines)
-            worker_log.setLevel(logging.NOTSET)
-    exported = tel.prometheus_text()
-    tel.shutdown()
-    (generate,) = [s for s in spans.get_finished_spans() if s.name == "worker.Generate"]
+        req = worker_pb2.GenerateRequest(request_id="t1", model="up-model", truncate_oldest=True)
+        req.sampling.max_tokens = 3
+        for turn in LONG_TALK:
+            req.messages.add(role=turn.role, content=turn.content)
+        seen = await generate_observed(up, req, logger="meridian.worker")
+    assert seen.chunks[-1].usage.completion_tokens == 3
+    generate = seen.spans["worker.Generate"]
     assert generate.attributes is not None
     assert generate.attributes["meridian.prompt.dropped_messages"] == 2
-    assert b"meridian_worker_dropped_messages_total" in exported
-    (noted,) = [line for line in lines.lines if line["event"] == "generate.truncated"]
+    assert b"meridian_worker_dropped_messages_total" in seen.metrics
+    (noted,) = [line for line in seen.log if line["event"] == "generate.truncated"]
     assert noted["trace_id"] == format(generate.context.trace_id, "032x")
     assert (noted["dropped_messages"], noted["kept_messages"]) == (2, 2)
 
