@@ -130,6 +130,7 @@ class ResponsesRequest(BaseModel):
     metadata: Metadata | None = None
     user: Annotated[StrictStr, Field(max_length=256), VALID_UNICODE] | None = None
     truncation: Literal["auto", "disabled"] | None = None
+    prompt_cache_key: Any = None  # checked as chat's (the chat request it becomes carries it)
     service_tier: Literal["auto", "default", "flex", "scale", "priority"] | None = None
     reasoning: dict[str, Any] | None = None
     previous_response_id: Annotated[StrictStr, Field(max_length=128)] | None = None
@@ -247,7 +248,8 @@ def chat_body(req: ResponsesRequest, turn: ResponsesTurn | None = None) -> dict[
     body: dict[str, Any] = {"model": req.model, "messages": messages, "stream": req.stream}
     if req.max_output_tokens is not None:
         body["max_completion_tokens"] = req.max_output_tokens
-    for name in ("temperature", "top_p", "parallel_tool_calls", "user", "seed", "truncation"):
+    passed = ("temperature", "top_p", "parallel_tool_calls", "user", "seed", "truncation")
+    for name in (*passed, "prompt_cache_key"):
         value = getattr(req, name)
         if value is not None:
             body[name] = value

@@ -252,6 +252,10 @@ def refuse_unsupported(data: dict[str, Any]) -> None:
             )
 
 
+#: The longest ``prompt_cache_key`` accepted (it is hashed into the session id the router sees).
+MAX_PROMPT_CACHE_KEY = 1024
+
+
 class ChatCompletionRequest(BaseModel):
     # Unknown top-level fields are ignored, as vLLM's server does: SDKs and proxies send
     # fields of their own. The OpenAI fields Meridian cannot honour are refused by name
@@ -317,6 +321,13 @@ class ChatCompletionRequest(BaseModel):
     modalities: Annotated[list[Literal["text"]], Field(max_length=1)] | None = None
     # Meridian extension: keep generating past end-of-sequence (benchmarks).
     ignore_eos: StrictBool = False
+    # OpenAI's cache-routing hint: requests that share it are routed as one session (the
+    # router's session affinity, so they find their prefix in the same worker's KV cache),
+    # unless an x-session-id header names the session (stages/validate.session_id).
+    prompt_cache_key: (
+        Annotated[StrictStr, Field(min_length=1, max_length=MAX_PROMPT_CACHE_KEY), VALID_UNICODE]
+        | None
+    ) = None
     # Meridian extension, the Responses API's own: "auto" drops the oldest messages (after the
     # system/developer ones) until the prompt fits the model's context beside max_tokens,
     # instead of a context_length_exceeded error (services/worker/truncation.py).

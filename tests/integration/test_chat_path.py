@@ -9,6 +9,7 @@ import time
 import aiohttp
 import openai
 import pytest
+from openai.types.chat import ChatCompletionMessageParam
 
 from services.edge.tenancy.tenants import Limits
 from tests.integration.conftest import MODEL, Stack
@@ -167,6 +168,48 @@ async def test_listing_models_counts_against_the_keys_request_limit(stack: Stack
     assert refused.value.response.headers["x-ratelimit-limit-requests"] == "2"
     async with client(stack) as other:
         assert [m.id for m in (await other.models.list()).data] == [MODEL]
+
+
+async def session_detail(stack: Stack, request_id: str) -> str:
+    """What the router's session-affinity scorer said of the worker it chose."""
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(
+            f"{stack.base_url}/explanations/{request_id}",
+            headers={"Authorization": f"Bearer {stack.key}"},
+        ) as resp,
+    ):
+        body = json.loads(await resp.read())
+    (decision,) = body["decisions"]
+    contributions = decision["candidates"][0]["contributions"]
+    (session,) = [c for c in contributions if c["signal"] == "session-affinity"]
+    return str(session["detail"])
+
+
+async def test_a_prompt_cache_key_routes_its_requests_as_one_session(stack: Stack) -> None:
+    """OpenAI's prompt_cache_key (chat and Responses) is the session the router's session
+    affinity keeps on one worker, so the shared prefix is found in that worker's KV cache."""
+    messages: list[ChatCompletionMessageParam] = [{"role": "user", "content": "Hello"}]
+    async with client(stack) as c:
+        first = await c.chat.completions.with_raw_response.create(
+            model=MODEL, messages=messages, max_tokens=2, prompt_cache_key="conv-7"
+        )
+        again = await c.responses.with_raw_response.create(
+            model=MODEL, input="Hello", max_output_tokens=2, prompt_cache_key="conv-7"
+        )
+        plain = await c.chat.completions.with_raw_response.create(
+            model=MODEL, messages=messages, max_tokens=2
+        )
+    assert await session_detail(stack, first.headers["x-request-id"]) == "new session"
+    assert await session_detail(stack, again.headers["x-request-id"]) == "session here"
+    assert again.headers["x-meridian-worker"] == first.headers["x-meridian-worker"]
+    assert await session_detail(stack, plain.headers["x-request-id"]) == "no session"
+    async with client(stack) as c:
+        with pytest.raises(openai.BadRequestError) as bad:
+            await c.chat.completions.create(
+                model=MODEL, messages=messages, prompt_cache_key="k" * 1025
+            )
+    assert bad.value.body["param"] == "prompt_cache_key"  # type: ignore[index]
 
 
 async def test_wrong_key_is_an_authentication_error(stack: Stack) -> None:

@@ -7,6 +7,7 @@ estimate, session id)."""
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import re
 
 from aiohttp import web
@@ -22,7 +23,7 @@ from services.edge.pipeline import Next
 from services.edge.request_body import content_coding, decode_body
 from services.edge.request_limits import RequestLimits
 
-__all__ = ["RequestLimits", "Validate", "session_id"]
+__all__ = ["RequestLimits", "Validate", "cache_key_session", "session_id"]
 
 #: Bodies bigger than this are parsed in the offload thread (services/edge/offload.py), not
 #: on the event loop: parsing and checking a few megabytes of tool schemas is pure Python for
@@ -65,7 +66,7 @@ class Validate:
                 param="model",
             )
         ctx.model = model
-        ctx.session_id = session_id(ctx.request)
+        ctx.session_id = session_id(ctx.request) or cache_key_session(ctx)
         return await call_next(ctx)
 
     async def _accept_off_loop(self, raw: bytes, ctx: ChatContext) -> str:
@@ -117,6 +118,18 @@ class Validate:
 
 _SESSION_RE = re.compile(r"^[\x20-\x7e]*$")
 MAX_SESSION_ID = 128
+
+
+def cache_key_session(ctx: ChatContext) -> str:
+    """The session a chat request's ``prompt_cache_key`` names, or "": a digest of the tenant
+    and the key, so two tenants' keys never share a session (``"default"`` is a likely key)
+    and any key, up to 1,024 characters, is 36 ASCII characters to the router."""
+    key = ctx.body.prompt_cache_key if ctx.body is not None else None
+    if not key or ctx.principal is None:
+        return ""
+    tenant = ctx.principal.tenant.tenant_id
+    digest = hashlib.sha256(f"{tenant}\0{key}".encode(errors="surrogatepass")).hexdigest()
+    return f"pck-{digest[:32]}"
 
 
 def session_id(request: web.Request) -> str:

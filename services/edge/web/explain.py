@@ -29,7 +29,7 @@ from services.edge.upstream.router_client import RouterClient
 MAX_CANDIDATES = 8
 MAX_FILTERED = 32
 #: The edge's own request ids (chat, completions, embeddings; app.py): nothing else is looked up.
-REQUEST_ID = re.compile(r"^(?:chatcmpl|cmpl|embd)-[0-9a-f]{32}$")
+REQUEST_ID = re.compile(r"^(?:(?:chatcmpl|cmpl|embd)-|resp_)[0-9a-f]{32}$")
 
 
 def explanation_json(resp: router_pb2.RequestExplanation) -> dict[str, Any]:
@@ -87,7 +87,8 @@ def explanation_handler(*, auth: Authenticator, router: RouterClient) -> Handler
         request_id = request.match_info["request_id"]
         if not REQUEST_ID.fullmatch(request_id):
             raise InvalidRequest(
-                "request_id must be the x-request-id of a chat completion (chatcmpl-…)",
+                "request_id must be the x-request-id of a request to the API (chatcmpl-…, "
+                "cmpl-…, embd-… or resp_…)",
                 param="request_id",
             )
         try:
