@@ -241,8 +241,14 @@ _UNSUPPORTED = {
 }
 
 
+#: Chat content part types OpenAI's models take and these text models do not.
+_UNSUPPORTED_PARTS = {"image_url": "images", "input_audio": "audio", "file": "files"}
+
+
 def refuse_unsupported(data: dict[str, Any]) -> None:
-    """A 400 naming the first OpenAI field Meridian cannot honour (see ``_UNSUPPORTED``)."""
+    """A 400 naming the first OpenAI field Meridian cannot honour (see ``_UNSUPPORTED``), or
+    the first content part of a kind the models here do not read (an image, audio, a file),
+    said as such rather than as "should be 'text'"."""
     for name, instead in _UNSUPPORTED.items():
         if data.get(name) is not None:
             raise InvalidRequest(
@@ -250,6 +256,19 @@ def refuse_unsupported(data: dict[str, Any]) -> None:
                 param=name,
                 code="unsupported_parameter",
             )
+    messages = data.get("messages")
+    for i, m in enumerate(messages if isinstance(messages, list) else ()):
+        content = m.get("content") if isinstance(m, dict) else None
+        for j, part in enumerate(content if isinstance(content, list) else ()):
+            kind = part.get("type") if isinstance(part, dict) else None
+            if isinstance(kind, str) and kind in _UNSUPPORTED_PARTS:
+                at = f"messages[{i}].content[{j}].type"
+                raise InvalidRequest(
+                    f"Unsupported value for '{at}': {kind!r}; the models here read text, not "
+                    f"{_UNSUPPORTED_PARTS[kind]}.",
+                    param=at,
+                    code="unsupported_value",
+                )
 
 
 #: The longest ``prompt_cache_key`` accepted (it is hashed into the session id the router sees).

@@ -368,3 +368,20 @@ def test_a_schema_whose_refs_do_not_resolve_is_refused_and_nothing_is_fetched(
     }
     fmt["json_schema"]["schema"] = local  # type: ignore[index]
     assert parse_chat_request(body(response_format=fmt)).response_format is not None
+
+
+@pytest.mark.parametrize(
+    ("part", "said"),
+    [
+        ({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}, "images"),
+        ({"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}, "audio"),
+        ({"type": "file", "file": {"file_id": "file-1"}}, "files"),
+    ],
+)
+def test_an_image_audio_or_file_part_is_refused_as_such(part: dict[str, object], said: str) -> None:
+    parts = [{"type": "text", "text": "Look:"}, part]
+    with pytest.raises(InvalidRequest) as exc:
+        parse_chat_request(body(messages=[{"role": "user", "content": parts}]))
+    assert exc.value.param == "messages[0].content[1].type"
+    assert exc.value.code == "unsupported_value"
+    assert f"read text, not {said}" in exc.value.message
