@@ -66,6 +66,15 @@ class HttpVersionNotSupported(InvalidRequest):
     http_status = 505
     default_code = "http_version_not_supported"
 
+    @classmethod
+    def of(cls, version: str) -> HttpVersionNotSupported:
+        """For a request in ``version`` (``"HTTP/2.0"``; "" when the request did not say)."""
+        said = version or "This HTTP version"
+        return cls(
+            f"{said} is not supported: this endpoint speaks HTTP/1.1 (and 1.0). OpenAI "
+            "clients use HTTP/1.1."
+        )
+
 
 class HeadersTooLarge(InvalidRequest):
     http_status = 431

@@ -259,8 +259,11 @@ class GuardedRequestHandler(web.RequestHandler):
         elif status == 400 or isinstance(exc, HttpProcessingError):
             self._counters.bad_http_requests += 1
             detail = message or (exc.message if isinstance(exc, HttpProcessingError) else "")
-            first = detail.strip().splitlines()[0][:120] if detail.strip() else "malformed"
-            err = InvalidRequest(f"The HTTP request could not be parsed: {first}")
+            if "Invalid HTTP version" in detail:  # HTTP/1.2, HTTP/3.0: aiohttp's parser stops
+                version = _HTTP_VERSION.search(detail)
+                err = HttpVersionNotSupported.of(version.group(0) if version else "")
+            else:
+                err = InvalidRequest(f"The HTTP request could not be parsed: {_said(detail)}")
         else:
             event(log, "http.error", level=logging.WARNING, status=status, error=repr(exc))
             err = InternalError("internal error")
@@ -269,6 +272,23 @@ class GuardedRequestHandler(web.RequestHandler):
         )
         resp.force_close()
         return resp
+
+
+_HTTP_VERSION = re.compile(r"HTTP/[0-9]\.[0-9]")
+
+
+def _said(detail: str) -> str:
+    """What aiohttp's parser said, without the request bytes it echoes: its message is a few
+    lines (``Bad status line:`` / ``Invalid method encountered:``, then the line it read and a
+    caret), and the first alone says little. At most 120 characters."""
+    parts = []
+    for line in detail.strip().splitlines():
+        line = line.strip()
+        if line.startswith(("b'", 'b"', "^")):
+            break
+        if line:
+            parts.append(line.rstrip(":"))
+    return ": ".join(parts)[:120] or "malformed"
 
 
 def _is_request_target(exc: LineTooLong) -> bool:

@@ -423,6 +423,25 @@ async def test_a_large_non_streaming_answer_is_built_off_the_event_loop(
     assert [t.startswith("edge-offload") for t in threads] == [True, False]
 
 
+async def test_an_unparsable_request_line_says_what_is_wrong_without_echoing_it(
+    stack: Stack,
+) -> None:
+    """aiohttp's message is several lines (what is wrong, then the bytes it read): the 400
+    says the first two, not "Bad status line:" alone, and never the client's bytes."""
+    port = int(stack.edge.url.rsplit(":", 1)[1])
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    writer.write(b"GET /v1/models FOO/1.1\r\nHost: x\r\n\r\n")
+    answer = await asyncio.wait_for(reader.read(4096), 10.0)
+    writer.close()
+    head, _, body = answer.partition(b"\r\n\r\n")
+    assert head.split(b" ")[1] == b"400", head
+    message = json.loads(body)["error"]["message"]
+    assert message.startswith("The HTTP request could not be parsed: Bad status line: "), message
+    assert len(message) > len("The HTTP request could not be parsed: Bad status line: ")
+    assert "FOO" not in message
+    assert "/v1/models" not in message
+
+
 @pytest.mark.parametrize(
     ("request_line", "says"),
     [
@@ -430,6 +449,8 @@ async def test_a_large_non_streaming_answer_is_built_off_the_event_loop(
         (b"GET /v1/models HTTP/0.9\r\n\r\n", "HTTP/0.9 is not supported"),
         (b"GET /v1/models\r\n\r\n", "HTTP/0.9 is not supported"),  # no version: 0.9's form
         (b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n", "HTTP/2 connection preface"),  # h2c
+        (b"GET /v1/models HTTP/1.2\r\nHost: x\r\n\r\n", "HTTP/1.2 is not supported"),
+        (b"GET /v1/models HTTP/3.0\r\nHost: x\r\n\r\n", "HTTP/3.0 is not supported"),
     ],
 )
 async def test_an_http_version_the_edge_does_not_speak_is_505_saying_so(

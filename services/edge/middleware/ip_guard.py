@@ -19,10 +19,6 @@ from services.edge.httperrors import HttpVersionNotSupported
 from services.edge.protocol import GuardedRequestHandler
 
 _SPOKEN = frozenset({HttpVersion10, HttpVersion11})
-_VERSION_HELP = (
-    "HTTP/{}.{} is not supported: this endpoint speaks HTTP/1.1 (and 1.0). OpenAI clients "
-    "use HTTP/1.1."
-)
 
 
 def ip_guard(*, buckets: IpBuckets, counters: EdgeCounters) -> Middleware:
@@ -43,7 +39,8 @@ def ip_guard(*, buckets: IpBuckets, counters: EdgeCounters) -> Middleware:
                     )
                 raise Overloaded("This edge is at its connection limit.", retry_after_s=1.0)
             if request.version not in _SPOKEN:
-                raise HttpVersionNotSupported(_VERSION_HELP.format(*request.version))
+                major, minor = request.version
+                raise HttpVersionNotSupported.of(f"HTTP/{major}.{minor}")
             wait_s = buckets.take(client_ip(request))
             if wait_s > 0:
                 counters.ip_rate_limited += 1
