@@ -224,6 +224,18 @@ class ResponsesTurn:
 _ITEMS_WITH_STATUS = frozenset({"message", "function_call", "function_call_output"})
 
 
+#: Responses fields that are chat fields of the same name and meaning.
+_PASSED_AS_IS = (
+    "temperature",
+    "top_p",
+    "parallel_tool_calls",
+    "user",
+    "seed",
+    "truncation",
+    "prompt_cache_key",
+)
+
+
 def chat_body(req: ResponsesRequest, turn: ResponsesTurn | None = None) -> dict[str, Any]:
     """The chat request ``req`` means, as a JSON object for chat's own validation; ``turn``
     (when given) gets this turn's input messages and supplies the earlier conversation."""
@@ -248,8 +260,7 @@ def chat_body(req: ResponsesRequest, turn: ResponsesTurn | None = None) -> dict[
     body: dict[str, Any] = {"model": req.model, "messages": messages, "stream": req.stream}
     if req.max_output_tokens is not None:
         body["max_completion_tokens"] = req.max_output_tokens
-    passed = ("temperature", "top_p", "parallel_tool_calls", "user", "seed", "truncation")
-    for name in (*passed, "prompt_cache_key"):
+    for name in _PASSED_AS_IS:
         value = getattr(req, name)
         if value is not None:
             body[name] = value

@@ -59,8 +59,6 @@ async def fit_upstream(
             answer: Any = json.loads(raw)
             tokens = int(answer["count"])
             limit = int(answer.get("max_model_len") or limit)
-        except NoTokenizer:
-            raise
         except (aiohttp.ClientError, OSError, TimeoutError, ValueError, KeyError, TypeError) as e:
             raise NoTokenizer(type(e).__name__) from None
         return tokens
